@@ -1,0 +1,48 @@
+# Two commands work on a fresh machine with only Python 3.11+ and make:
+#   make demo   - create .venv if missing, install, run the main job
+#   make test   - create .venv if missing, install with test extras, lint, run the tests
+SHELL := /bin/bash
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; \
+	then command -v $$p; break; fi; done)
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench install clean
+
+$(BIN)/python:
+	@if [ -z "$(PYTHON)" ]; then echo "make: Python 3.11+ not found (set PYTHON=...)" >&2; exit 2; fi
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Stamps re-run the install when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/replayer demo
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check replayer tests bench
+	@set +e; $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+lint: $(VENV)/.installed-test
+	$(BIN)/python -m pip install -q 'mypy>=1.11'
+	$(BIN)/ruff check replayer tests bench
+	$(BIN)/ruff format --check replayer tests bench
+	$(BIN)/mypy replayer
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache runs bench/out

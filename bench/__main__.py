@@ -1,0 +1,40 @@
+"""``python -m bench [NAME ...] [-- ARGS]``: run benchmarks (all by default)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+BENCHES = ("trace_storage",)
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def main(argv: list[str]) -> int:
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1 :]
+    names = argv or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        print(
+            f"bench: unknown benchmark(s) {', '.join(unknown)}; have {', '.join(BENCHES)}",
+            file=sys.stderr,
+        )
+        return 2
+    OUT.mkdir(exist_ok=True)
+    for name in names:
+        t0 = time.monotonic()
+        print(f"## {name}\n", flush=True)
+        figures = importlib.import_module(f"bench.{name}").main(extra)
+        figures["_seconds"] = round(time.monotonic() - t0, 1)
+        (OUT / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
+        print(flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

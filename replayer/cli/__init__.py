@@ -1,0 +1,71 @@
+"""The ``replayer`` command line: one module per command group.
+
+Each command module exposes ``register(subparsers)`` and keeps heavy imports
+inside its handlers, so ``replayer --help`` and start-up stay fast. Every
+handler returns an exit code. A :class:`~replayer.errors.ReplayerError`
+becomes one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from replayer import __version__
+from replayer.errors import ReplayerError
+
+# Order here is the order in --help.
+COMMAND_MODULES = (
+    "replayer.cli.trace_cmds",
+    "replayer.cli.demo",
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), as every replayer error is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="replayer",
+        description="Record, replay, monitor and minimize LLM-serving crash traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"replayer {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (repeatable)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="replayer: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args))
+    except ReplayerError as exc:
+        print(f"replayer {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"replayer {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

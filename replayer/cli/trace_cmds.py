@@ -1,0 +1,141 @@
+"""Trace commands: ``import``, ``synth``, ``inspect``, ``export``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from replayer.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    from replayer.trace.importers import IMPORTERS, load
+
+    p = sub.add_parser(
+        "import",
+        help="convert a public trace format into a replayer trace",
+        description="Convert source files of a public trace format into one replayer trace.",
+    )
+    fmts = p.add_subparsers(dest="format", metavar="FORMAT", required=True, parser_class=type(p))
+    for name in IMPORTERS:
+        mod = load(name)
+        fp = fmts.add_parser(name, help=mod.HELP, description=mod.HELP)
+        fp.add_argument(
+            "sources",
+            nargs="+",
+            type=Path,
+            metavar="SRC",
+            help="source files (or directories, for multi-file formats)",
+        )
+        fp.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.arrow")
+        fp.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+        mod.add_arguments(fp)
+        fp.set_defaults(func=cmd_import, importer=name)
+
+    p = sub.add_parser("synth", help="synthesize agent sessions into a trace")
+    from replayer.trace import synth
+
+    synth.add_arguments(p)
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.arrow")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("inspect", help="summarize a trace (sessions, turns, context lengths)")
+    p.add_argument("trace", type=Path, metavar="TRACE")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("export", help="write a trace as JSONL (full bodies, trace order)")
+    p.add_argument("trace", type=Path, metavar="TRACE")
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.jsonl")
+    p.add_argument(
+        "--format",
+        choices=("jsonl", "aiperf"),
+        default="jsonl",
+        help="jsonl: replayer rows with full bodies; aiperf: AIPerf mooncake_trace rows",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.set_defaults(func=cmd_export)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from replayer._files import atomic_output
+    from replayer.trace.importers import details, load
+    from replayer.trace.writer import TraceMeta, TraceWriter
+
+    mod = load(args.importer)
+    for src in args.sources:
+        if not src.exists():
+            raise UsageError(f"{src}: no such file or directory")
+    meta = TraceMeta(
+        source=f"import:{args.importer}",
+        details={"sources": [str(s) for s in args.sources], **details(mod, args.sources, args)},
+    )
+    t0 = time.monotonic()
+    last = t0
+    with (
+        atomic_output(args.output, force=args.force) as tmp,
+        TraceWriter(tmp, meta, form="file") as w,
+    ):
+        for rec in mod.records(args.sources, args):
+            w.add(rec)
+            now = time.monotonic()
+            if now - last >= 2.0 and sys.stderr.isatty():
+                _progress(f"import {args.importer}: {w.rows:,} requests ...")
+                last = now
+        rows = w.rows
+    if rows == 0:
+        _progress(f"import {args.importer}: warning: no requests found in the sources")
+    _progress(
+        f"imported {rows:,} requests from {len(args.sources)} source(s) into {args.output} "
+        f"in {time.monotonic() - t0:.1f} s"
+    )
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from replayer._files import atomic_output
+    from replayer.trace import synth
+
+    with atomic_output(args.output, force=args.force) as tmp:
+        n = synth.write_trace(tmp, synth.options_from(args))
+    _progress(f"synthesized {n:,} requests into {args.output}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import orjson
+
+    from replayer.trace.reader import Trace
+    from replayer.trace.stats import inspect_trace, render_text
+
+    info = inspect_trace(Trace.open(args.trace))
+    if args.json:
+        sys.stdout.write(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(render_text(info))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from replayer._files import atomic_output
+    from replayer.trace.export import export_path
+    from replayer.trace.reader import Trace
+
+    trace = Trace.open(args.trace)
+    with atomic_output(args.output, force=args.force) as tmp:
+        n, skipped = export_path(trace, tmp, args.format)
+    if skipped:
+        _progress(
+            f"export: {len(skipped)} request(s) of no chat/text/blocks shape have no "
+            f"{args.format} form and were left out (first: {skipped[0]})"
+        )
+    _progress(f"exported {n:,} requests to {args.output}")
+    return 0

@@ -1,0 +1,101 @@
+"""``replayer export``: a trace as JSONL, one fully expanded request per line
+in trace order, for tools that do not read Arrow.
+
+``jsonl`` lines are ``{"request_id", "session_id", "turn", "start_us",
+"end_us", "path", "body"}`` (``replayer import openai-jsonl`` reads them
+back). ``aiperf`` lines are AIPerf ``mooncake_trace`` rows: ``session_id``,
+``timestamp`` (ms), and ``messages`` (+``tools``), ``text_input``, or
+``input_length`` + ``hash_ids`` by payload kind, with ``output_length`` from
+``max_tokens`` and the remaining body parameters under ``extra``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from replayer.trace.reader import Trace
+from replayer.trace.schema import Kind
+
+FORMATS = ("jsonl", "aiperf")
+# Body keys AIPerf sets itself from its own options.
+_AIPERF_OWN = {
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "stream",
+    "stream_options",
+    "tools",
+}
+
+
+def _ms(us: int) -> int | float:
+    return us // 1000 if us % 1000 == 0 else round(us / 1000, 3)
+
+
+def jsonl_lines(trace: Trace) -> Iterator[bytes]:
+    c = trace.column
+    for row, body in trace.iter_json():
+        yield orjson.dumps(
+            {
+                "request_id": c("request_id")[row],
+                "session_id": c("session_id")[row],
+                "turn": c("turn")[row],
+                "start_us": c("start_us")[row],
+                "end_us": c("end_us")[row],
+                "path": c("path")[row],
+                "body": orjson.Fragment(body),
+            }
+        )
+
+
+def aiperf_lines(trace: Trace, skipped: list[str]) -> Iterator[bytes]:
+    c = trace.column
+    for row in trace.order:
+        kind = Kind(c("kind")[row])
+        if kind is Kind.RAW:
+            skipped.append(c("request_id")[row])
+            continue
+        out: dict[str, Any] = {
+            "session_id": c("session_id")[row],
+            "timestamp": _ms(c("start_us")[row]),
+        }
+        params = orjson.loads(trace.params_text(row))
+        if kind is Kind.BLOCKS:
+            out["input_length"] = c("input_tokens")[row]
+            out["hash_ids"] = trace.content(row)
+        elif kind is Kind.CHAT:
+            out["messages"] = [orjson.Fragment(m) for m in trace.content(row)]
+            if params.get("tools"):
+                out["tools"] = params["tools"]
+        else:
+            out["text_input"] = trace.content(row)
+        mt = c("max_tokens")[row]
+        if mt is not None:
+            out["output_length"] = mt
+        extra = {k: v for k, v in params.items() if k not in _AIPERF_OWN}
+        if extra:
+            out["extra"] = extra
+        yield orjson.dumps(out)
+
+
+def write(trace: Trace, out: IO[bytes], fmt: str) -> tuple[int, list[str]]:
+    """Write every request; returns (lines written, request ids skipped)."""
+    skipped: list[str] = []
+    lines = jsonl_lines(trace) if fmt == "jsonl" else aiperf_lines(trace, skipped)
+    n = 0
+    for line in lines:
+        out.write(line)
+        out.write(b"\n")
+        n += 1
+    return n, skipped
+
+
+def export_path(trace: Trace, path: Path, fmt: str) -> tuple[int, list[str]]:
+    with path.open("wb") as f:
+        return write(trace, f, fmt)

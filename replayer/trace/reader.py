@@ -1,0 +1,444 @@
+"""Trace reader: IPC file or stream, memory-mapped, bodies built on demand.
+
+Opening a trace reads only the small *index* columns (ids, timing, sizes):
+Arrow decompresses just the buffers it is asked for, so opening a multi-GB
+trace costs milliseconds. Content batches are decoded when a body is first
+needed and kept in a bounded LRU.
+
+A stream whose writer was killed ends in a torn message; the reader keeps
+every complete batch, drops the tail and says so (``Trace.torn_tail``, and a
+warning on the ``replayer.trace`` logger). An IPC file whose footer was never
+written is read the same way.
+
+Reconstruction walks the delta chain backwards taking only the units each
+level contributes, so building request N costs O(size of N + chain depth),
+never O(N²). Sequential iteration (:meth:`Trace.iter_json`) additionally
+keeps each row's content until its last dependant is built, so replaying a
+session in order costs O(appended bytes) per request.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from replayer.errors import SchemaVersionError, TraceError
+from replayer.trace import compat
+from replayer.trace import content as cx
+from replayer.trace.schema import (
+    FORMAT_NAME,
+    HEAVY_COLUMNS,
+    META_FORMAT,
+    META_PROVENANCE,
+    META_TOKENS,
+    META_VERSION,
+    SCHEMA,
+    TRACE_SCHEMA_VERSION,
+    Kind,
+)
+from replayer.trace.tokens import BlockPrompts, TokenSpace
+
+log = logging.getLogger("replayer.trace")
+
+_FILE_MAGIC = b"ARROW1"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """The index facts of one request (no body)."""
+
+    row: int
+    request_id: str
+    session_id: str
+    turn: int
+    start_us: int
+    end_us: int | None
+    path: str
+    model: str | None
+    kind: Kind
+    input_tokens: int
+    max_tokens: int | None
+    body_bytes: int
+
+
+class Trace:
+    """A trace opened for reading.
+
+    **Usage**::
+
+        trace = Trace.open("t.arrow")
+        for row in trace.order:
+            body = trace.body(row)
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        schema: pa.Schema,
+        index: pa.Table,
+        messages: list[pa.Message],
+        batch_lengths: list[int],
+        form: str,
+        torn_tail: bool,
+        cache_bytes: int,
+    ) -> None:
+        self.path = path
+        self.schema = schema
+        self.index = index
+        self.form = form
+        """``"file"`` or ``"stream"``."""
+        self.torn_tail = torn_tail
+        """True when an incomplete tail (killed writer) was dropped."""
+        self._messages = messages
+        self._batch_starts: list[int] = []
+        n = 0
+        for length in batch_lengths:
+            self._batch_starts.append(n)
+            n += length
+        self._num_rows = index.num_rows
+        meta = schema.metadata or {}
+        self.schema_version = int(meta.get(META_VERSION, b"0"))
+        self.provenance: dict[str, Any] = orjson.loads(meta.get(META_PROVENANCE, b"{}"))
+        tok = orjson.loads(meta.get(META_TOKENS, b"{}"))
+        self.tokens = TokenSpace(**tok) if tok else TokenSpace()
+        self._prompts = BlockPrompts(self.tokens)
+        self._batches: OrderedDict[int, pa.RecordBatch] = OrderedDict()
+        self._batch_budget = cache_bytes
+        self._batch_weight = 0
+        self._cols: dict[str, list[Any]] = {}
+        self._order: list[int] | None = None
+
+    # -- opening -----------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, cache_bytes: int = 512 << 20) -> Trace:
+        """Open a trace; raise :class:`TraceError` with a one-line reason if it is not one."""
+        p = Path(path)
+        if not p.exists():
+            raise TraceError(f"{p}: no such file")
+        if p.is_dir():
+            raise TraceError(f"{p}: is a directory, not a trace file")
+        if p.stat().st_size == 0:
+            raise TraceError(f"{p}: empty file, not a trace")
+        try:
+            buf = pa.memory_map(str(p)).read_buffer()
+        except OSError as exc:
+            raise TraceError(f"{p}: cannot read: {exc}") from None
+        form = "stream"
+        body = buf
+        if buf.size >= 8 and buf.slice(0, 6).to_pybytes() == _FILE_MAGIC:
+            form = "file"
+            body = buf.slice(8)
+        try:
+            reader = ipc.open_stream(pa.BufferReader(body))
+            schema = reader.schema
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise TraceError(f"{p}: not an Arrow IPC file or stream ({_short(exc)})") from None
+        _check_schema(p, schema)
+        if int((schema.metadata or {}).get(META_VERSION, b"0")) < TRACE_SCHEMA_VERSION:
+            raise TraceError(f"{p}: schema version too old and no migration applies")
+
+        wanted = [i for i, f in enumerate(schema) if f.name not in HEAVY_COLUMNS]
+        idx_reader = ipc.open_stream(
+            pa.BufferReader(body), options=ipc.IpcReadOptions(included_fields=wanted)
+        )
+        idx_batches: list[pa.RecordBatch] = []
+        torn = False
+        while True:
+            try:
+                idx_batches.append(idx_reader.read_next_batch())
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError):
+                torn = True
+                break
+        messages: list[pa.Message] = []
+        mreader = ipc.MessageReader.open_stream(pa.BufferReader(body))
+        while len(messages) < len(idx_batches):
+            try:
+                msg = mreader.read_next_message()
+            except (StopIteration, pa.ArrowInvalid, OSError):
+                break
+            if msg.type == "record batch":
+                messages.append(msg)
+        del idx_batches[len(messages) :]
+        if form == "file" and buf.slice(buf.size - 6).to_pybytes() != _FILE_MAGIC:
+            torn = True  # the writer never wrote the footer
+        if torn:
+            log.warning(
+                "%s: incomplete tail dropped (writer was interrupted); %d complete batches kept",
+                p,
+                len(messages),
+            )
+        idx_schema = pa.schema([schema.field(i) for i in wanted])
+        index = pa.Table.from_batches(idx_batches, schema=idx_schema)
+        lengths = [b.num_rows for b in idx_batches]
+        return cls(p, schema, index, messages, lengths, form, torn, cache_bytes)
+
+    # -- index access ------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def column(self, name: str) -> list[Any]:
+        """An index column as a Python list (cached)."""
+        col = self._cols.get(name)
+        if col is None:
+            if name in HEAVY_COLUMNS:
+                raise KeyError(f"{name} is a content column; use body()/outcome()")
+            col = self.index.column(name).to_pylist()
+            self._cols[name] = col
+        return col
+
+    @property
+    def order(self) -> list[int]:
+        """Rows in trace order: by recorded start, ties by row (stable)."""
+        if self._order is None:
+            idx = pc.sort_indices(self.index, sort_keys=[("start_us", "ascending")])
+            self._order = idx.to_pylist()
+        return self._order
+
+    def request(self, row: int) -> RequestInfo:
+        c = self.column
+        return RequestInfo(
+            row=row,
+            request_id=c("request_id")[row],
+            session_id=c("session_id")[row],
+            turn=c("turn")[row],
+            start_us=c("start_us")[row],
+            end_us=c("end_us")[row],
+            path=c("path")[row],
+            model=c("model")[row],
+            kind=Kind(c("kind")[row]),
+            input_tokens=c("input_tokens")[row],
+            max_tokens=c("max_tokens")[row],
+            body_bytes=c("body_bytes")[row],
+        )
+
+    def row_of(self, request_id: str) -> int:
+        m = self.__dict__.get("_row_of")
+        if m is None:
+            m = {rid: i for i, rid in enumerate(self.column("request_id"))}
+            self.__dict__["_row_of"] = m
+        try:
+            return int(m[request_id])
+        except KeyError:
+            raise TraceError(f"{self.path}: no request {request_id!r}") from None
+
+    # -- content access ----------------------------------------------------
+
+    def _batch(self, k: int) -> pa.RecordBatch:
+        b = self._batches.get(k)
+        if b is not None:
+            self._batches.move_to_end(k)
+            return b
+        b = ipc.read_record_batch(self._messages[k], self.schema)
+        self._batches[k] = b
+        self._batch_weight += b.nbytes
+        while self._batch_weight > self._batch_budget and len(self._batches) > 1:
+            _, old = self._batches.popitem(last=False)
+            self._batch_weight -= old.nbytes
+        return b
+
+    def _cell(self, row: int, name: str) -> Any:
+        if not 0 <= row < self._num_rows:
+            raise IndexError(f"row {row} out of range (trace has {self._num_rows})")
+        k = bisect.bisect_right(self._batch_starts, row) - 1
+        return self._batch(k).column(name)[row - self._batch_starts[k]].as_py()
+
+    def _appended(self, row: int, kind: Kind) -> Any:
+        if kind is Kind.CHAT:
+            return self._cell(row, "messages") or []
+        if kind is Kind.TEXT:
+            return self._cell(row, "text") or ""
+        if kind is Kind.BLOCKS:
+            return self._cell(row, "blocks") or []
+        return None
+
+    def content(self, row: int, live: dict[int, Any] | None = None) -> Any:
+        """The full content of a row (messages as JSON texts, prompt, or block ids).
+
+        ``live`` maps rows to already-built contents (sequential iteration)."""
+        kind = Kind(self.column("kind")[row])
+        if kind is Kind.RAW:
+            return None
+        base_col, keep_col = self.column("base"), self.column("keep")
+        pieces: list[Any] = []
+        need: int | None = None
+        prefix: Any = "" if kind is Kind.TEXT else []
+        cur: int | None = row
+        while cur is not None:
+            if live is not None and cur in live:
+                full = live[cur]
+                prefix = full if need is None else full[:need]
+                break
+            app = self._appended(cur, kind)
+            keep = keep_col[cur]
+            want = keep + len(app) if need is None else need
+            pieces.append(app[: max(0, want - keep)])
+            need = min(want, keep)
+            if need == 0:
+                break
+            cur = base_col[cur]
+            if cur is None:
+                raise TraceError(f"{self.path}: row {row}: delta chain broken (keep without base)")
+        if kind is Kind.TEXT:
+            return prefix + "".join(reversed(pieces))
+        out = list(prefix)
+        for p in reversed(pieces):
+            out.extend(p)
+        return out
+
+    def params_text(self, row: int) -> str:
+        """The effective params JSON of a row (inherited along the chain)."""
+        base_col = self.column("base")
+        cur: int | None = row
+        while cur is not None:
+            text = self._cell(cur, "params")
+            if text is not None:
+                return str(text)
+            cur = base_col[cur]
+        raise TraceError(f"{self.path}: row {row}: no params along its delta chain")
+
+    def _content_json(self, row: int, kind: Kind, content: Any) -> str:
+        if kind is Kind.CHAT:
+            return cx.chat_json(content)
+        if kind is Kind.TEXT:
+            return orjson.dumps(content).decode()
+        return self._prompts.json(
+            content,
+            self.column("block_size")[row],
+            self.column("input_tokens")[row],
+            self.column("request_id")[row],
+        )
+
+    def body_json(
+        self,
+        row: int,
+        patch: dict[str, Any] | None = None,
+        *,
+        _content: Any = None,
+    ) -> bytes:
+        """The request body as compact JSON bytes, optionally with top-level
+        keys replaced or added (``patch``; a value of ``None`` removes a key)."""
+        kind = Kind(self.column("kind")[row])
+        params = orjson.loads(self.params_text(row))
+        key = kind.content_key
+        if key is not None:
+            content = _content if _content is not None else self.content(row)
+            params[key] = orjson.Fragment(self._content_json(row, kind, content))
+        if patch:
+            for k, v in patch.items():
+                if v is None:
+                    params.pop(k, None)
+                else:
+                    params[k] = v
+        return orjson.dumps(params)
+
+    def body(self, row: int) -> dict[str, Any]:
+        """The request body as a dict (equal as JSON to the recorded one)."""
+        result: dict[str, Any] = orjson.loads(self.body_json(row))
+        return result
+
+    def iter_json(
+        self, rows: Iterable[int] | None = None, patch: dict[str, Any] | None = None
+    ) -> Iterator[tuple[int, bytes]]:
+        """Bodies of ``rows`` (default: trace order), built incrementally: each
+        row's content is kept only until the last later row that deltas on it."""
+        seq = list(self.order if rows is None else rows)
+        base_col = self.column("base")
+        kinds = self.column("kind")
+        last_use: dict[int, int] = {}
+        pos = {r: i for i, r in enumerate(seq)}
+        for i, r in enumerate(seq):
+            b = base_col[r]
+            if b is not None and b in pos and pos[b] < i:
+                last_use[b] = i
+        live: dict[int, Any] = {}
+        expire: dict[int, list[int]] = {}
+        for i, r in enumerate(seq):
+            kind = Kind(kinds[r])
+            content = self.content(r, live) if kind is not Kind.RAW else None
+            yield r, self.body_json(r, patch, _content=content)
+            if r in last_use:
+                live[r] = content
+                expire.setdefault(last_use[r], []).append(r)
+            for done in expire.pop(i, ()):
+                live.pop(done, None)
+
+    def outcome(self, row: int) -> dict[str, Any]:
+        """The recorded outcome of a row (None where unknown)."""
+        names = (
+            "status",
+            "ttft_us",
+            "finish_reason",
+            "output_text",
+            "output_tool_calls",
+            "usage_prompt_tokens",
+            "usage_completion_tokens",
+            "usage_cached_tokens",
+            "error",
+        )
+        out = {n: self._cell(row, n) for n in names}
+        if out["output_tool_calls"] is not None:
+            out["output_tool_calls"] = orjson.loads(out["output_tool_calls"])
+        return out
+
+    def meta(self, row: int) -> dict[str, Any] | None:
+        text = self._cell(row, "meta")
+        return orjson.loads(text) if text is not None else None
+
+    def block_tokens(self, row: int) -> list[int]:
+        """Token ids of a blocks row, as sent."""
+        c = self.column
+        return self._prompts.tokens(
+            self.content(row), c("block_size")[row], c("input_tokens")[row], c("request_id")[row]
+        )
+
+    def set_token_space(self, space: TokenSpace) -> None:
+        """Regenerate blocks prompts in another token range (a model's vocabulary)."""
+        self.tokens = space
+        self._prompts = BlockPrompts(space)
+
+
+def _check_schema(p: Path, schema: pa.Schema) -> None:
+    meta = schema.metadata or {}
+    if meta.get(META_FORMAT) != FORMAT_NAME.encode():
+        raise TraceError(
+            f"{p}: an Arrow file, but not a replayer trace (no {FORMAT_NAME} metadata)"
+        )
+    version = meta.get(META_VERSION, b"")
+    try:
+        v = int(version)
+    except ValueError:
+        raise TraceError(f"{p}: bad schema version {version!r}") from None
+    if v > TRACE_SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{p}: written by a newer replayer (trace schema v{v}; this replayer reads up to "
+            f"v{TRACE_SCHEMA_VERSION}); upgrade replayer to read it"
+        )
+    if v < TRACE_SCHEMA_VERSION:
+        compat.check_migratable(p, v)
+        return
+    for f in SCHEMA:
+        if f.name not in schema.names:
+            raise TraceError(f"{p}: wrong schema: column {f.name!r} is missing")
+        got = schema.field(f.name).type
+        if got != f.type:
+            raise TraceError(f"{p}: wrong schema: column {f.name!r} is {got}, expected {f.type}")
+
+
+def _short(exc: BaseException) -> str:
+    s = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return s[:160]

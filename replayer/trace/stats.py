@@ -1,0 +1,112 @@
+"""``replayer inspect``: the figures a user checks before replaying a trace.
+
+Everything comes from the index columns, so inspecting a multi-GB trace reads
+no content. Percentiles use the nearest-rank definition (the smallest value
+with at least p% of the data at or below it), so every figure is a value that
+really occurs in the trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from replayer.trace.reader import Trace
+
+
+def percentile(sorted_values: Sequence[int | float], p: float) -> int | float | None:
+    """Nearest-rank percentile of an ascending sequence (None when empty)."""
+    if not sorted_values:
+        return None
+    k = max(1, math.ceil(p / 100 * len(sorted_values)))
+    return sorted_values[k - 1]
+
+
+def summarize(values: Sequence[int | float]) -> dict[str, Any]:
+    s = sorted(values)
+    return {
+        "min": s[0] if s else None,
+        "p50": percentile(s, 50),
+        "p90": percentile(s, 90),
+        "p99": percentile(s, 99),
+        "max": s[-1] if s else None,
+        "mean": (sum(s) / len(s)) if s else None,
+    }
+
+
+def inspect_trace(trace: Trace) -> dict[str, Any]:
+    sessions = trace.column("session_id")
+    starts = trace.column("start_us")
+    ends = trace.column("end_us")
+    tokens = trace.column("input_tokens")
+    body_bytes = trace.column("body_bytes")
+    turns_per_session = Counter(sessions)
+    n = len(trace)
+    first = min(starts) if n else 0
+    last = max(max(starts), max((e for e in ends if e is not None), default=0)) if n else 0
+    disk = trace.path.stat().st_size
+    expanded = sum(body_bytes)
+    return {
+        "path": str(trace.path),
+        "form": trace.form,
+        "schema_version": trace.schema_version,
+        "torn_tail": trace.torn_tail,
+        "provenance": trace.provenance,
+        "requests": n,
+        "sessions": len(turns_per_session),
+        "turns_per_session": summarize(list(turns_per_session.values())),
+        "input_tokens": summarize(tokens),
+        "max_tokens": summarize([m for m in trace.column("max_tokens") if m is not None]),
+        "duration_s": (last - first) / 1e6,
+        "kinds": dict(Counter(trace.column("kind"))),
+        "paths": dict(Counter(trace.column("path"))),
+        "models": dict(Counter(m for m in trace.column("model") if m is not None)),
+        "bytes_on_disk": disk,
+        "bytes_expanded": expanded,
+        "expansion_ratio": (expanded / disk) if disk else None,
+        "keyframes": sum(1 for b in trace.column("base") if b is None),
+    }
+
+
+def _fmt_int(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:,.1f}"
+    return f"{int(v):,}"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
+
+
+def render_text(info: dict[str, Any]) -> str:
+    def dist(d: dict[str, Any]) -> str:
+        return "  ".join(f"{k} {_fmt_int(d[k])}" for k in ("min", "p50", "p99", "max"))
+
+    prov = info["provenance"]
+    lines = [
+        f"trace        {info['path']}  ({info['form']}, schema v{info['schema_version']}"
+        + (", TORN TAIL DROPPED" if info["torn_tail"] else "")
+        + ")",
+        f"source       {prov.get('source', '?')}  created {prov.get('created_at', '?')}"
+        f"  by replayer {prov.get('tool_version', '?')}",
+        f"requests     {info['requests']:,}",
+        f"sessions     {info['sessions']:,}",
+        f"turns/sess   {dist(info['turns_per_session'])}",
+        f"context tok  {dist(info['input_tokens'])}",
+        f"duration     {info['duration_s']:,.1f} s",
+        "kinds        " + ", ".join(f"{k} {v:,}" for k, v in sorted(info["kinds"].items())),
+        "models       "
+        + (", ".join(f"{k} {v:,}" for k, v in sorted(info["models"].items())) or "-"),
+        f"on disk      {_fmt_bytes(info['bytes_on_disk'])}",
+        f"expanded     {_fmt_bytes(info['bytes_expanded'])}"
+        + (f"  ({info['expansion_ratio']:,.1f}x)" if info["expansion_ratio"] else ""),
+    ]
+    return "\n".join(lines)

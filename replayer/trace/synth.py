@@ -1,0 +1,289 @@
+"""``replayer synth``: agent sessions with the shape that breaks servers.
+
+N sessions of T turns, each growing to a target context. Every session starts
+with the same system prompt and tool schema (a warm shared prefix, as coding
+agents have), then alternates assistant tool calls with tool outputs whose
+sizes are log-normal (file reads and command output: mostly hundreds of
+tokens, sometimes thousands) and rescaled so the last turn reaches the target
+context. Sessions arrive as a Poisson process; turns are separated by
+exponential think times. ``chat`` payloads carry filler text; ``blocks``
+payloads carry the same structure as content-block ids (shared prefix blocks
+are shared across sessions). Everything is a pure function of ``--seed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replayer.trace.schema import Kind
+from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+
+CHARS_PER_TOKEN = 4
+US = 1_000_000
+
+_WORDS = """
+the of and to in is for on that with as by this be are from at or it an was which
+function return value error file line test build config server request response cache
+block token model kernel memory buffer stream session turn context prefix attention
+layer batch queue schedule worker engine device stack trace index offset length size
+import class def self none true false if else while yield async await raise except
+path dir src lib include struct int float bool string list dict map set key hash
+""".split()
+
+
+@dataclass(frozen=True)
+class SynthOptions:
+    sessions: int = 8
+    turns: int = 12
+    context: int = 32_000
+    system_tokens: int = 2_000
+    tools: int = 12
+    reply_tokens: int = 120
+    max_tokens: int = 1_024
+    payload: str = "chat"
+    block_size: int = 64
+    rate: float = 0.5
+    think: float = 5.0
+    seed: int = 0
+    model: str = "replayer-synth"
+    pool_chars: int = 1 << 22
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = SynthOptions()
+    p.add_argument("--sessions", type=int, default=d.sessions, help="number of sessions")
+    p.add_argument("--turns", type=int, default=d.turns, help="requests per session")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=d.context,
+        help="context tokens of each session's last request",
+    )
+    p.add_argument(
+        "--system-tokens",
+        type=int,
+        default=d.system_tokens,
+        help="tokens of the system prompt shared by all sessions",
+    )
+    p.add_argument("--tools", type=int, default=d.tools, help="tool schemas shared by all sessions")
+    p.add_argument(
+        "--reply-tokens", type=int, default=d.reply_tokens, help="mean tokens of an assistant reply"
+    )
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="max_tokens of every body")
+    p.add_argument("--payload", choices=("chat", "blocks"), default=d.payload)
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per block")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=d.rate,
+        help="session arrivals per second (Poisson; 0 = all at once)",
+    )
+    p.add_argument("--think", type=float, default=d.think, help="mean think time in seconds")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--model", default=d.model, help="model name written into the bodies")
+
+
+def options_from(args: argparse.Namespace) -> SynthOptions:
+    from replayer.errors import UsageError
+
+    o = SynthOptions(
+        sessions=args.sessions,
+        turns=args.turns,
+        context=args.context,
+        system_tokens=args.system_tokens,
+        tools=args.tools,
+        reply_tokens=args.reply_tokens,
+        max_tokens=args.max_tokens,
+        payload=args.payload,
+        block_size=args.block_size,
+        rate=args.rate,
+        think=args.think,
+        seed=args.seed,
+        model=args.model,
+    )
+    if o.sessions < 1 or o.turns < 1:
+        raise UsageError("--sessions and --turns must be at least 1")
+    if o.context <= o.system_tokens + 64 * o.turns:
+        raise UsageError(
+            f"--context {o.context} is too small for --system-tokens {o.system_tokens} "
+            f"and {o.turns} turns"
+        )
+    if o.block_size < 1:
+        raise UsageError("--block-size must be positive")
+    return o
+
+
+class _Text:
+    """Filler text as slices of one seeded word pool: cheap to cut, and with
+    a pool larger than zstd's window it compresses like real prose."""
+
+    def __init__(self, rng: random.Random, pool_chars: int) -> None:
+        words: list[str] = []
+        n = 0
+        while n < pool_chars:
+            w = rng.choice(_WORDS)
+            words.append(w)
+            n += len(w) + 1
+        self.pool = " ".join(words)
+        self.rng = rng
+
+    def tokens(self, n: int) -> str:
+        chars = max(1, n * CHARS_PER_TOKEN)
+        out = []
+        while chars > 0:
+            start = self.rng.randrange(len(self.pool))
+            piece = self.pool[start : start + chars]
+            out.append(piece)
+            chars -= len(piece)
+        return "".join(out)
+
+
+def _tool_schemas(n: int, text: _Text) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": text.tokens(40),
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "query": {"type": "string"}},
+                    "required": ["path"],
+                },
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def _growth(rng: random.Random, o: SynthOptions, first_user: int) -> list[int]:
+    """Tokens each turn adds (tool output), log-normal, summing to the budget."""
+    budget = o.context - o.system_tokens - first_user - o.turns * o.reply_tokens
+    if o.turns == 1:
+        return [0]
+    draws = [rng.lognormvariate(0.0, 1.0) for _ in range(o.turns - 1)]
+    total = sum(draws)
+    sizes = [max(1, int(budget * d / total)) for d in draws]
+    return [0] + sizes
+
+
+def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
+    """Every request of every session, session by session."""
+    rng = random.Random(o.seed)
+    text = _Text(random.Random(o.seed ^ 0x5EED), o.pool_chars)
+    system_json = _dumps({"role": "system", "content": text.tokens(o.system_tokens)})
+    tools = _tool_schemas(o.tools, text)
+    t_session = 0.0
+    shared_blocks = list(range(1, math.ceil(o.system_tokens / o.block_size) + 1))
+    for s in range(o.sessions):
+        sid = f"synth-{s:05d}"
+        if s and o.rate > 0:
+            t_session += rng.expovariate(o.rate)
+        first_user = 50 + rng.randrange(200)
+        growth = _growth(rng, o, first_user)
+        # Messages are serialized once, when appended; the writer takes JSON texts.
+        messages: list[str] = [
+            system_json,
+            _dumps({"role": "user", "content": text.tokens(first_user)}),
+        ]
+        ctx_tokens = o.system_tokens + first_user
+        blocks = list(shared_blocks)
+        next_block = (s + 1) << 32
+        t = t_session
+        for k in range(o.turns):
+            if k:
+                messages.append(
+                    _dumps(
+                        {
+                            "role": "tool",
+                            "tool_call_id": f"call_{s}_{k - 1}",
+                            "content": text.tokens(growth[k]),
+                        }
+                    )
+                )
+                ctx_tokens += growth[k]
+            reply = max(1, int(rng.expovariate(1 / o.reply_tokens)))
+            service = 0.2 + 0.02 * reply + 2e-6 * ctx_tokens
+            last = k == o.turns - 1
+            call = (
+                None
+                if last
+                else {
+                    "id": f"call_{s}_{k}",
+                    "type": "function",
+                    "function": {
+                        "name": f"tool_{rng.randrange(max(o.tools, 1))}",
+                        "arguments": '{"path": "' + text.tokens(max(1, reply // 2)) + '"}',
+                    },
+                }
+            )
+            reply_text = text.tokens(reply) if last else ""
+            rid = f"{sid}-t{k:03d}"
+            common: dict[str, Any] = dict(
+                request_id=rid,
+                session_id=sid,
+                turn=k,
+                start_us=round(t * US),
+                end_us=round((t + service) * US),
+                status=200,
+                finish_reason="stop" if last else "tool_calls",
+                output_text=reply_text or None,
+                output_tool_calls=[call] if call else None,
+                usage_prompt_tokens=ctx_tokens,
+                usage_completion_tokens=reply,
+                input_tokens=ctx_tokens,
+            )
+            if o.payload == "chat":
+                params: dict[str, Any] = {
+                    "model": o.model,
+                    "messages": None,
+                    "max_tokens": o.max_tokens,
+                    "stream": True,
+                }
+                if tools:
+                    params["tools"] = tools
+                yield RequestRecord(kind=Kind.CHAT, params=params, content=list(messages), **common)
+            else:
+                full = ctx_tokens // o.block_size
+                while len(blocks) < full:
+                    blocks.append(next_block)
+                    next_block += 1
+                yield RequestRecord(
+                    kind=Kind.BLOCKS,
+                    params={
+                        "model": o.model,
+                        "prompt": None,
+                        "max_tokens": reply,
+                        "ignore_eos": True,
+                        "stream": True,
+                    },
+                    content=list(blocks[:full]),
+                    block_size=o.block_size,
+                    **common,
+                )
+            assistant: dict[str, Any] = {"role": "assistant", "content": reply_text or None}
+            if call:
+                assistant["tool_calls"] = [call]
+            messages.append(_dumps(assistant))
+            ctx_tokens += reply
+            t += service + rng.expovariate(1 / o.think) if o.think > 0 else service
+
+
+def _dumps(message: dict[str, Any]) -> str:
+    return orjson.dumps(message).decode()
+
+
+def write_trace(path: Path, o: SynthOptions) -> int:
+    meta = TraceMeta(source="synth", details={"options": asdict(o)})
+    with TraceWriter(path, meta, form="file") as w:
+        for rec in sessions(o):
+            w.add(rec)
+        return w.rows
