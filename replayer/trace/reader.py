@@ -351,11 +351,10 @@ class Trace:
         result: dict[str, Any] = orjson.loads(self.body_json(row))
         return result
 
-    def iter_json(
-        self, rows: Iterable[int] | None = None, patch: dict[str, Any] | None = None
-    ) -> Iterator[tuple[int, bytes]]:
-        """Bodies of ``rows`` (default: trace order), built incrementally: each
-        row's content is kept only until the last later row that deltas on it."""
+    def iter_content(self, rows: Iterable[int] | None = None) -> Iterator[tuple[int, Any]]:
+        """Contents of ``rows`` (default: trace order), built incrementally: each
+        row's content is kept only until the last later row that deltas on it,
+        so a session replayed in order costs O(appended) per request."""
         seq = list(self.order if rows is None else rows)
         base_col = self.column("base")
         kinds = self.column("kind")
@@ -368,14 +367,20 @@ class Trace:
         live: dict[int, Any] = {}
         expire: dict[int, list[int]] = {}
         for i, r in enumerate(seq):
-            kind = Kind(kinds[r])
-            content = self.content(r, live) if kind is not Kind.RAW else None
-            yield r, self.body_json(r, patch, _content=content)
+            content = self.content(r, live) if kinds[r] != Kind.RAW else None
+            yield r, content
             if r in last_use:
                 live[r] = content
                 expire.setdefault(last_use[r], []).append(r)
             for done in expire.pop(i, ()):
                 live.pop(done, None)
+
+    def iter_json(
+        self, rows: Iterable[int] | None = None, patch: dict[str, Any] | None = None
+    ) -> Iterator[tuple[int, bytes]]:
+        """Bodies of ``rows`` (default: trace order), built incrementally."""
+        for r, content in self.iter_content(rows):
+            yield r, self.body_json(r, patch, _content=content)
 
     def outcome(self, row: int) -> dict[str, Any]:
         """The recorded outcome of a row (None where unknown)."""

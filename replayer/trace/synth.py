@@ -14,7 +14,6 @@ are shared across sessions). Everything is a pure function of ``--seed``.
 from __future__ import annotations
 
 import argparse
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from typing import Any
 import orjson
 
 from replayer.trace.schema import Kind
+from replayer.trace.tokens import approx_message_tokens
 from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
 
 CHARS_PER_TOKEN = 4
@@ -111,7 +111,7 @@ def options_from(args: argparse.Namespace) -> SynthOptions:
     )
     if o.sessions < 1 or o.turns < 1:
         raise UsageError("--sessions and --turns must be at least 1")
-    if o.context <= o.system_tokens + 64 * o.turns:
+    if o.context <= o.system_tokens + (o.reply_tokens + 80) * o.turns + 300:
         raise UsageError(
             f"--context {o.context} is too small for --system-tokens {o.system_tokens} "
             f"and {o.turns} turns"
@@ -164,54 +164,57 @@ def _tool_schemas(n: int, text: _Text) -> list[dict[str, Any]]:
     ]
 
 
-def _growth(rng: random.Random, o: SynthOptions, first_user: int) -> list[int]:
-    """Tokens each turn adds (tool output), log-normal, summing to the budget."""
-    budget = o.context - o.system_tokens - first_user - o.turns * o.reply_tokens
-    if o.turns == 1:
-        return [0]
-    draws = [rng.lognormvariate(0.0, 1.0) for _ in range(o.turns - 1)]
+def _shares(rng: random.Random, n: int) -> list[float]:
+    """How the tool-output budget splits over turns: log-normal, so most tool
+    outputs are modest and a few (whole-file reads) are large."""
+    draws = [rng.lognormvariate(0.0, 1.0) for _ in range(n)]
     total = sum(draws)
-    sizes = [max(1, int(budget * d / total)) for d in draws]
-    return [0] + sizes
+    return [d / total for d in draws]
 
 
 def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
-    """Every request of every session, session by session."""
+    """Every request of every session, session by session.
+
+    Context is counted with the project's token approximation
+    (:func:`~replayer.trace.tokens.approx_message_tokens`), the same count the
+    writer stores and the emulator serves, and the last tool output of each
+    session is sized so its final request has exactly ``context`` tokens."""
     rng = random.Random(o.seed)
     text = _Text(random.Random(o.seed ^ 0x5EED), o.pool_chars)
-    system_json = _dumps({"role": "system", "content": text.tokens(o.system_tokens)})
+    system = {"role": "system", "content": text.tokens(o.system_tokens)}
+    system_json, system_tok = _dumps(system), approx_message_tokens(system)
     tools = _tool_schemas(o.tools, text)
     t_session = 0.0
-    shared_blocks = list(range(1, math.ceil(o.system_tokens / o.block_size) + 1))
+    shared_blocks = list(range(1, system_tok // o.block_size + 1))
     for s in range(o.sessions):
         sid = f"synth-{s:05d}"
         if s and o.rate > 0:
             t_session += rng.expovariate(o.rate)
-        first_user = 50 + rng.randrange(200)
-        growth = _growth(rng, o, first_user)
+        user = {"role": "user", "content": text.tokens(50 + rng.randrange(200))}
         # Messages are serialized once, when appended; the writer takes JSON texts.
-        messages: list[str] = [
-            system_json,
-            _dumps({"role": "user", "content": text.tokens(first_user)}),
-        ]
-        ctx_tokens = o.system_tokens + first_user
+        messages: list[str] = [system_json, _dumps(user)]
+        ctx = system_tok + approx_message_tokens(user)
+        replies = [max(1, int(rng.expovariate(1 / o.reply_tokens))) for _ in range(o.turns)]
+        budget = o.context - ctx - (o.turns - 1) * (o.reply_tokens + 12)
+        shares = _shares(rng, o.turns - 1) if o.turns > 1 else []
         blocks = list(shared_blocks)
         next_block = (s + 1) << 32
         t = t_session
         for k in range(o.turns):
             if k:
-                messages.append(
-                    _dumps(
-                        {
-                            "role": "tool",
-                            "tool_call_id": f"call_{s}_{k - 1}",
-                            "content": text.tokens(growth[k]),
-                        }
-                    )
-                )
-                ctx_tokens += growth[k]
-            reply = max(1, int(rng.expovariate(1 / o.reply_tokens)))
-            service = 0.2 + 0.02 * reply + 2e-6 * ctx_tokens
+                if k == o.turns - 1:
+                    size = max(1, o.context - ctx - 4)  # lands the last request on target
+                else:
+                    size = max(1, int(budget * shares[k - 1]))
+                tool = {
+                    "role": "tool",
+                    "tool_call_id": f"call_{s}_{k - 1}",
+                    "content": text.tokens(size),
+                }
+                messages.append(_dumps(tool))
+                ctx += approx_message_tokens(tool)
+            reply = replies[k]
+            service = 0.2 + 0.02 * reply + 2e-6 * ctx
             last = k == o.turns - 1
             call = (
                 None
@@ -225,21 +228,20 @@ def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
                     },
                 }
             )
-            reply_text = text.tokens(reply) if last else ""
-            rid = f"{sid}-t{k:03d}"
+            reply_text = text.tokens(reply) if last else None
             common: dict[str, Any] = dict(
-                request_id=rid,
+                request_id=f"{sid}-t{k:03d}",
                 session_id=sid,
                 turn=k,
                 start_us=round(t * US),
                 end_us=round((t + service) * US),
                 status=200,
                 finish_reason="stop" if last else "tool_calls",
-                output_text=reply_text or None,
+                output_text=reply_text,
                 output_tool_calls=[call] if call else None,
-                usage_prompt_tokens=ctx_tokens,
+                usage_prompt_tokens=ctx,
                 usage_completion_tokens=reply,
-                input_tokens=ctx_tokens,
+                input_tokens=ctx,
             )
             if o.payload == "chat":
                 params: dict[str, Any] = {
@@ -252,7 +254,7 @@ def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
                     params["tools"] = tools
                 yield RequestRecord(kind=Kind.CHAT, params=params, content=list(messages), **common)
             else:
-                full = ctx_tokens // o.block_size
+                full = ctx // o.block_size
                 while len(blocks) < full:
                     blocks.append(next_block)
                     next_block += 1
@@ -269,12 +271,12 @@ def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
                     block_size=o.block_size,
                     **common,
                 )
-            assistant: dict[str, Any] = {"role": "assistant", "content": reply_text or None}
+            assistant: dict[str, Any] = {"role": "assistant", "content": reply_text}
             if call:
                 assistant["tool_calls"] = [call]
             messages.append(_dumps(assistant))
-            ctx_tokens += reply
-            t += service + rng.expovariate(1 / o.think) if o.think > 0 else service
+            ctx += approx_message_tokens(assistant)
+            t += service + (rng.expovariate(1 / o.think) if o.think > 0 else 0.0)
 
 
 def _dumps(message: dict[str, Any]) -> str:

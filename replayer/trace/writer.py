@@ -248,6 +248,8 @@ class TraceWriter:
             base = None
             base_row = None
         appended = content[keep:] if kind is not Kind.RAW else None
+        if kind is Kind.BLOCKS and not all(type(b) is int for b in appended):
+            raise TraceError(f"{rec.request_id}: block ids must be integers")
         stored_params = (
             None if base is not None and base.params_text == params_text else params_text
         )
@@ -406,10 +408,9 @@ class TraceWriter:
             if not isinstance(rec.content, str):
                 raise TraceError(f"{rec.request_id}: text content must be a string")
             return params, rec.content
-        ids = rec.content or []
-        if not all(isinstance(b, int) for b in ids):
-            raise TraceError(f"{rec.request_id}: block ids must be integers")
-        return params, list(ids)
+        if not isinstance(rec.content, list | tuple):
+            raise TraceError(f"{rec.request_id}: blocks content must be a list of block ids")
+        return params, list(rec.content)  # element types are checked on the appended part
 
     def _pick_base(self, rec: RequestRecord, kind: Kind) -> int | None:
         if rec.base_hint is not None:

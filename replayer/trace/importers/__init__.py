@@ -23,6 +23,12 @@ from replayer.trace.writer import RequestRecord
 IMPORTERS: dict[str, str] = {
     "mooncake": "replayer.trace.importers.mooncake",
     "kv-cache-tester": "replayer.trace.importers.kv_cache_tester",
+    "azure": "replayer.trace.importers.azure",
+    "tau-bench": "replayer.trace.importers.tau_bench",
+    "tau2-bench": "replayer.trace.importers.tau2_bench",
+    "swe-agent": "replayer.trace.importers.swe_agent",
+    "openai-jsonl": "replayer.trace.importers.openai_jsonl",
+    "aiperf": "replayer.trace.importers.aiperf",
 }
 
 

@@ -1,6 +1,9 @@
 """Helpers every importer shares: opening (maybe gzipped) sources, reading
-JSON and JSONL with errors that name the file and line, and the documented
-synthetic timing used when a source records none."""
+JSON and JSONL with errors that name the file and line, the documented
+synthetic timing used when a source records none (:class:`SyntheticTiming`,
+:class:`SessionClock`), and the rules the chat-transcript importers share:
+which message keys OpenAI accepts, how long a recorded reply is
+(:func:`reply_tokens`) and what it says (:func:`reply_outcome`)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import gzip
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,7 +29,8 @@ def open_text(path: Path) -> IO[bytes]:
     except OSError as exc:
         raise ImportFormatError(f"{path}: cannot open: {exc.strerror}") from None
     if f.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f)  # type: ignore[return-value]
+        f.close()  # GzipFile(fileobj=...) would never close it
+        return gzip.open(path, "rb")
     return f
 
 
@@ -132,3 +137,87 @@ def session_starts(n: int, gap: float, rate: float | None, seed: int) -> Iterato
             t += rng.expovariate(rate)
         else:
             yield i * gap
+
+
+# -- shared by the chat-transcript importers (tau-bench, tau2, SWE-agent) -----
+
+OPENAI_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+"""The chat-message keys every OpenAI-compatible server accepts."""
+
+
+def text_chars(content: Any) -> int:
+    """Characters of a message content: a string, or the ``text`` of its parts."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(p["text"])
+            for p in content
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return 0
+
+
+def reply_tokens(message: dict[str, Any]) -> int:
+    """The documented length estimate of a recorded reply, used as ``max_tokens``
+    when a source records no token counts: ``ceil(chars / 4)`` over the content
+    text plus every tool call's function name and arguments, and at least 1."""
+    chars = text_chars(message.get("content"))
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            for key in ("name", "arguments"):
+                v = fn.get(key)
+                chars += len(v) if isinstance(v, str) else 0
+    return max(1, -(-chars // 4))
+
+
+def reply_outcome(message: dict[str, Any]) -> dict[str, Any]:
+    """RequestRecord outcome fields of a recorded assistant message."""
+    content = message.get("content")
+    calls = message.get("tool_calls") or None
+    return {
+        "output_text": content if isinstance(content, str) else None,
+        "output_tool_calls": calls if isinstance(calls, list) else None,
+        "finish_reason": "tool_calls" if calls else "stop",
+    }
+
+
+class SessionClock:
+    """Synthetic start/end times of one session's requests (see
+    :class:`SyntheticTiming`): request k starts ``think`` after request k-1
+    ends, and lasts ``service(max_tokens)``. Integer microseconds, each step
+    rounded on its own, so the schedule is exact and reproducible."""
+
+    def __init__(self, timing: SyntheticTiming, session_index: int) -> None:
+        self.timing = timing
+        self._next = round(timing.session_start(session_index) * US)
+
+    def request(self, output_tokens: int) -> tuple[int, int]:
+        """(start_us, end_us) of the next request of the session."""
+        start = self._next
+        end = start + round(self.timing.service(output_tokens) * US)
+        self._next = end + round(self.timing.think * US)
+        return start, end
+
+
+def seconds_to_us(value: int | float, scale: int = US) -> int:
+    """A number of seconds (or of ``US // scale`` units: ``scale=1000`` for
+    milliseconds) as integer microseconds, rounded from its shortest decimal
+    form, so ``1.000001`` is exactly 1,000,001 µs (no binary float drift)."""
+    if isinstance(value, int):
+        return value * scale
+    return int((Decimal(repr(value)) * scale).to_integral_value(ROUND_HALF_EVEN))
+
+
+def unique_stems(paths: list[Path]) -> list[str]:
+    """A short, stable name per source for request ids: the file name up to its
+    first dot; a repeated name gets ``~2``, ``~3`` … in source order."""
+    seen: dict[str, int] = {}
+    out: list[str] = []
+    for p in paths:
+        stem = p.name.split(".")[0] or p.name
+        n = seen.get(stem, 0) + 1
+        seen[stem] = n
+        out.append(stem if n == 1 else f"{stem}~{n}")
+    return out

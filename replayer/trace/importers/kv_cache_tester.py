@@ -93,6 +93,9 @@ def _session(
 ) -> Iterator[RequestRecord]:
     require(isinstance(reqs, list), path, WHAT, f"{sid}: requests is not a list")
     turn = 0
+    # Each request re-lists its whole context; namespace only what it adds.
+    prev_raw: list[int] = []
+    prev_ids: list[int] = []
     for r in reqs:
         require(isinstance(r, dict) and "t" in r, path, WHAT, f"{sid}: a request has no t")
         if r.get("type") == "subagent":
@@ -125,6 +128,19 @@ def _session(
         if params["model"] is None:
             del params["model"]
         ttft = r.get("ttft")
+        raw = r["hash_ids"]
+        require(isinstance(raw, list), path, WHAT, f"{sid}: hash_ids is not a list")
+        n = len(prev_raw)
+        try:
+            if n and raw[:n] == prev_raw:
+                ids = prev_ids + [ns | h for h in raw[n:]]
+            else:
+                ids = [ns | h for h in raw]
+        except TypeError:
+            raise ImportFormatError(
+                f"{path}: not {WHAT} ({sid}: hash ids must be integers)"
+            ) from None
+        prev_raw, prev_ids = raw, ids
         yield RequestRecord(
             request_id=f"{sid}:{turn}",
             session_id=sid,
@@ -133,7 +149,7 @@ def _session(
             end_us=round((start + float(api)) * US) if api is not None else None,
             kind=Kind.BLOCKS,
             params=params,
-            content=[ns | int(h) for h in r["hash_ids"]],
+            content=ids,
             block_size=bs,
             input_tokens=int(r["in"]),
             status=200,

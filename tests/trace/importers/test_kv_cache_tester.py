@@ -1,0 +1,160 @@
+"""kv-cache-tester importer on the whole real Claude Code corpus, checked
+against an independent reading of every source file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections import Counter
+
+import orjson
+import pytest
+
+from replayer.cli import build_parser
+from replayer.trace import Trace
+from replayer.trace.stats import inspect_trace
+
+
+def import_trace(fmt, sources, out, *options):
+    args = build_parser().parse_args(
+        ["import", fmt, *map(str, sources), "-o", str(out), "--force", *options]
+    )
+    assert args.func(args) == 0
+    return Trace.open(out)
+
+
+def expected_requests(corpus):
+    """(request_id, session_id, turn, start_s, end_s, ns-ids, in, out, model, stream)
+    for every request, read straight from the JSON files, streaming."""
+    for path in sorted(corpus.iterdir()):
+        out = []
+        with gzip.open(path) as f:
+            doc = orjson.loads(f.read())
+        ns = (zlib.crc32(doc["id"].encode()) & 0x7FFFFFFF) << 32
+
+        def walk(sid, reqs, t0, out=out, ns=ns):
+            turn = 0
+            for r in reqs:
+                if r["type"] == "subagent":
+                    walk(f"{sid}/{r['agent_id']}", r["requests"], t0 + r["t"], out, ns)
+                    continue
+                start = t0 + r["t"]
+                end = start + r["api_time"] if "api_time" in r else None
+                out.append(
+                    (
+                        f"{sid}:{turn}",
+                        sid,
+                        turn,
+                        start,
+                        end,
+                        [ns | h for h in r["hash_ids"]],
+                        r["in"],
+                        r["out"],
+                        r["model"],
+                        r["type"] == "s",
+                    )
+                )
+                turn += 1
+
+        walk(doc["id"], doc["requests"], 0.0)
+        yield from out
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory):
+    src = shared_data / "kv_cache_tester_claude_code"
+    t = import_trace("kv-cache-tester", [src], tmp_path_factory.mktemp("kv") / "kv.arrow")
+    # everything but the block ids, which would take gigabytes as Python ints
+    exp = [e[:5] + (None,) + e[6:] for e in expected_requests(src)]
+    return t, exp, src
+
+
+def test_every_request_of_the_corpus(corpus):
+    t, exp, src = corpus
+    assert len(t) == len(exp)
+    c = t.column
+    n = 0
+    # the importer writes in source order, so both sides stream in step
+    for (r, content), e in zip(t.iter_content(range(len(t))), expected_requests(src), strict=True):
+        rid, sid, turn, start, end, ids, n_in, n_out, model, stream = e
+        n += 1
+        assert (c("request_id")[r], c("session_id")[r], c("turn")[r]) == (rid, sid, turn)
+        assert c("start_us")[r] == round(start * 1e6)
+        assert c("end_us")[r] == (round(end * 1e6) if end is not None else None)
+        assert content == ids
+        assert c("input_tokens")[r] == n_in
+        assert c("block_size")[r] == 64
+        assert t.params_text(r) == json.dumps(
+            {
+                "model": model,
+                "prompt": None,
+                "max_tokens": n_out,
+                "ignore_eos": True,
+                "stream": stream,
+            },
+            separators=(",", ":"),
+        )
+    assert n == len(exp)
+
+
+def test_bodies_token_for_token(corpus):
+    from replayer.trace.tokens import TokenSpace
+
+    from .test_mooncake import block
+
+    t, exp, _ = corpus
+    space = TokenSpace()
+    # a spread of requests small enough to expand in Python (< 40K tokens)
+    sample = [e for e in exp if e[6] < 40_000][::60]
+    assert len(sample) >= 40
+    for rid, _, _, _, _, _, n_in, n_out, model, stream in sample:
+        r = t.row_of(rid)
+        tokens = [tok for b in t.content(r) for tok in block(b, 64)]
+        tokens += space.tail(rid, n_in - len(tokens))
+        assert t.body(r) == {
+            "model": model,
+            "prompt": tokens,
+            "max_tokens": n_out,
+            "ignore_eos": True,
+            "stream": stream,
+        }
+        assert len(t.body_json(r)) == t.column("body_bytes")[r]
+
+
+def test_inspect_matches_the_data_readme(corpus):
+    t, exp, _ = corpus
+    info = inspect_trace(t)
+    subagent_requests = sum(1 for e in exp if "/" in e[1])
+    assert info["requests"] - subagent_requests == 48_658  # parent requests
+    assert info["sessions"] == 710 + 63  # files + sub-agents
+    assert info["input_tokens"]["max"] == 894_371
+    assert info["input_tokens"]["min"] == min(e[6] for e in exp)
+    assert Counter(t.column("session_id"))["trace_0002"] == 33
+
+
+def test_traces_do_not_share_blocks_by_accident(corpus):
+    t, _, _ = corpus
+    a, b = t.row_of("trace_0001:0"), t.row_of("trace_0002:0")
+    # both traces number their blocks from 1; the namespaces keep them apart
+    assert t.content(a)[0] & 0xFFFFFFFF == t.content(b)[0] & 0xFFFFFFFF == 1
+    assert t.content(a)[0] != t.content(b)[0]
+
+
+def test_subagents_share_their_parents_namespace(corpus):
+    t, _, _ = corpus
+    r1, r2 = t.row_of("trace_0003/agent_001:0"), t.row_of("trace_0003/agent_002:0")
+    shared = [x for x, y in zip(t.content(r1), t.content(r2), strict=False) if x == y]
+    assert len(shared) >= 100  # the sub-agents' common system prompt blocks
+    assert t.meta(r1)["parent_session"] == "trace_0003"
+
+
+def test_session_gap_spreads_sessions(shared_data, tmp_path):
+    files = sorted((shared_data / "kv_cache_tester_claude_code").iterdir())[:3]
+    t = import_trace("kv-cache-tester", files, tmp_path / "t.arrow", "--session-gap", "100")
+    firsts = {
+        s: t.column("start_us")[r]
+        for r, s in enumerate(t.column("session_id"))
+        if t.column("turn")[r] == 0 and "/" not in s
+    }
+    assert sorted(firsts.values()) == [0, 100_000_000, 200_000_000]

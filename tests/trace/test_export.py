@@ -1,0 +1,95 @@
+"""export: one full body per line, in trace order."""
+
+from __future__ import annotations
+
+import io
+
+import orjson
+
+from replayer.trace import Kind, RequestRecord
+from replayer.trace.export import write as export
+
+from .test_writer import growing_session, write
+
+
+def test_jsonl_rows_in_trace_order(tmp_path):
+    recs, bodies = growing_session(3)
+    recs[0].start_us, recs[1].start_us, recs[2].start_us = 50, 10, 30
+    recs[1].end_us = 25
+    t = write(tmp_path / "t.arrow", recs)
+    buf = io.BytesIO()
+    n, skipped = export(t, buf, "jsonl")
+    lines = [orjson.loads(x) for x in buf.getvalue().splitlines()]
+    assert (n, skipped) == (3, [])
+    assert [x["request_id"] for x in lines] == ["s1", "s2", "s0"]
+    assert lines[0] == {
+        "request_id": "s1",
+        "session_id": "s",
+        "turn": 1,
+        "start_us": 10,
+        "end_us": 25,
+        "path": "/v1/chat/completions",
+        "body": bodies[1],
+    }
+    assert [x["body"] for x in lines] == [bodies[1], bodies[2], bodies[0]]
+
+
+def test_aiperf_rows(tmp_path):
+    recs, bodies = growing_session(2)
+    recs[1].start_us = 1_500
+    recs.append(
+        RequestRecord(
+            request_id="b",
+            session_id="blk",
+            turn=0,
+            start_us=2_000_000,
+            kind=Kind.BLOCKS,
+            params={"model": "m", "max_tokens": 3, "ignore_eos": True},
+            content=[7, 8],
+            block_size=16,
+            input_tokens=40,
+        )
+    )
+    recs.append(
+        RequestRecord.from_body(
+            {"prompt": "hi", "max_tokens": 2, "temperature": 0},
+            request_id="t",
+            session_id="txt",
+            turn=0,
+            start_us=3_000,
+        )
+    )
+    recs.append(
+        RequestRecord.from_body(
+            {"input": "x"}, request_id="raw", session_id="r", turn=0, start_us=4_000
+        )
+    )
+    t = write(tmp_path / "t.arrow", recs)
+    buf = io.BytesIO()
+    n, skipped = export(t, buf, "aiperf")
+    rows = [orjson.loads(x) for x in buf.getvalue().splitlines()]
+    assert (n, skipped) == (4, ["raw"])
+    assert rows == [
+        {"session_id": "s", "timestamp": 0, "messages": bodies[0]["messages"], "output_length": 8},
+        {
+            "session_id": "s",
+            "timestamp": 1.5,
+            "messages": bodies[1]["messages"],
+            "output_length": 8,
+        },
+        {
+            "session_id": "txt",
+            "timestamp": 3,
+            "text_input": "hi",
+            "output_length": 2,
+            "extra": {"temperature": 0},
+        },
+        {
+            "session_id": "blk",
+            "timestamp": 2000,
+            "input_length": 40,
+            "hash_ids": [7, 8],
+            "output_length": 3,
+            "extra": {"ignore_eos": True},
+        },
+    ]
