@@ -52,6 +52,7 @@ from replayer.trace.tokens import BlockPrompts, TokenSpace
 log = logging.getLogger("replayer.trace")
 
 _FILE_MAGIC = b"ARROW1"
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class Trace:
         schema: pa.Schema,
         index: pa.Table,
         messages: list[pa.Message],
+        preludes: list[bytes],
         batch_lengths: list[int],
         form: str,
         torn_tail: bool,
@@ -101,6 +103,8 @@ class Trace:
         self.torn_tail = torn_tail
         """True when an incomplete tail (killed writer) was dropped."""
         self._messages = messages
+        self._preludes = preludes
+        self._heavy = [i for i, f in enumerate(schema) if f.name in HEAVY_COLUMNS]
         self._batch_starts: list[int] = []
         n = 0
         for length in batch_lengths:
@@ -118,6 +122,7 @@ class Trace:
         self._batch_weight = 0
         self._cols: dict[str, list[Any]] = {}
         self._order: list[int] | None = None
+        self._params_memo: dict[int, str] = {}
 
     # -- opening -----------------------------------------------------------
 
@@ -163,7 +168,12 @@ class Trace:
             except (pa.ArrowInvalid, OSError):
                 torn = True
                 break
+        # Locate each record batch (zero-copy over the map) and remember the
+        # schema and dictionary messages before it: decoding one batch's
+        # content later replays just those as a tiny stream.
         messages: list[pa.Message] = []
+        preludes: list[bytes] = []
+        prelude: list[bytes] = []
         mreader = ipc.MessageReader.open_stream(pa.BufferReader(body))
         while len(messages) < len(idx_batches):
             try:
@@ -172,6 +182,9 @@ class Trace:
                 break
             if msg.type == "record batch":
                 messages.append(msg)
+                preludes.append(b"".join(prelude))
+            else:
+                prelude.append(msg.serialize().to_pybytes())
         del idx_batches[len(messages) :]
         if form == "file" and buf.slice(buf.size - 6).to_pybytes() != _FILE_MAGIC:
             torn = True  # the writer never wrote the footer
@@ -184,7 +197,7 @@ class Trace:
         idx_schema = pa.schema([schema.field(i) for i in wanted])
         index = pa.Table.from_batches(idx_batches, schema=idx_schema)
         lengths = [b.num_rows for b in idx_batches]
-        return cls(p, schema, index, messages, lengths, form, torn, cache_bytes)
+        return cls(p, schema, index, messages, preludes, lengths, form, torn, cache_bytes)
 
     # -- index access ------------------------------------------------------
 
@@ -243,7 +256,11 @@ class Trace:
         if b is not None:
             self._batches.move_to_end(k)
             return b
-        b = ipc.read_record_batch(self._messages[k], self.schema)
+        stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + _EOS
+        reader = ipc.open_stream(
+            pa.py_buffer(stream), options=ipc.IpcReadOptions(included_fields=self._heavy)
+        )
+        b = reader.read_next_batch()
         self._batches[k] = b
         self._batch_weight += b.nbytes
         while self._batch_weight > self._batch_budget and len(self._batches) > 1:
@@ -301,15 +318,30 @@ class Trace:
         return out
 
     def params_text(self, row: int) -> str:
-        """The effective params JSON of a row (inherited along the chain)."""
+        """The effective params JSON of a row (inherited along the chain).
+
+        Resolved rows are memoized (they share one string per keyframe), so a
+        session read in order walks one step per request, not its whole chain."""
+        memo = self._params_memo
         base_col = self.column("base")
+        walked: list[int] = []
         cur: int | None = row
+        text: str | None = None
         while cur is not None:
-            text = self._cell(cur, "params")
+            text = memo.get(cur)
+            if text is None:
+                text = self._cell(cur, "params")
             if text is not None:
-                return str(text)
+                break
+            walked.append(cur)
             cur = base_col[cur]
-        raise TraceError(f"{self.path}: row {row}: no params along its delta chain")
+        if text is None:
+            raise TraceError(f"{self.path}: row {row}: no params along its delta chain")
+        if len(memo) > 1_000_000:
+            memo.clear()
+        for r in walked:
+            memo[r] = text
+        return text
 
     def _content_json(self, row: int, kind: Kind, content: Any) -> str:
         if kind is Kind.CHAT:
@@ -321,6 +353,7 @@ class Trace:
             self.column("block_size")[row],
             self.column("input_tokens")[row],
             self.column("request_id")[row],
+            self.column("block_ns")[row],
         )
 
     def body_json(
@@ -395,7 +428,7 @@ class Trace:
             "usage_cached_tokens",
             "error",
         )
-        out = {n: self._cell(row, n) for n in names}
+        out = {n: self._cell(row, n) if n in HEAVY_COLUMNS else self.column(n)[row] for n in names}
         if out["output_tool_calls"] is not None:
             out["output_tool_calls"] = orjson.loads(out["output_tool_calls"])
         return out
@@ -408,7 +441,11 @@ class Trace:
         """Token ids of a blocks row, as sent."""
         c = self.column
         return self._prompts.tokens(
-            self.content(row), c("block_size")[row], c("input_tokens")[row], c("request_id")[row]
+            self.content(row),
+            c("block_size")[row],
+            c("input_tokens")[row],
+            c("request_id")[row],
+            c("block_ns")[row],
         )
 
     def set_token_space(self, space: TokenSpace) -> None:

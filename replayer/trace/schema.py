@@ -13,9 +13,12 @@ the base's". ``raw`` rows (bodies of no known shape) keep the whole body in
 ``params`` and never delta.
 
 Every column is a plain Arrow type, so duckdb, polars and pandas read a trace
-without replayer. Schema metadata carries ``replayer.format``,
-``replayer.schema_version``, ``replayer.provenance`` (JSON) and
-``replayer.tokens`` (JSON: the token space of ``blocks`` rows).
+without replayer. Low-cardinality strings (session, path, kind, model, block
+namespace) are dictionary-encoded: zstd cannot compress the offsets of a
+million repeated strings, and a dictionary makes them nearly free on disk.
+Schema metadata carries ``replayer.format``, ``replayer.schema_version``,
+``replayer.provenance`` (JSON) and ``replayer.tokens`` (JSON: the token space
+of ``blocks`` rows).
 """
 
 from __future__ import annotations
@@ -50,16 +53,18 @@ class Kind(StrEnum):
         return {"chat": "messages", "text": "prompt", "blocks": "prompt"}.get(self.value)
 
 
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
 FIELDS: list[tuple[str, pa.DataType, bool, str]] = [
     # identity, placement and timing
     ("request_id", pa.string(), False, "stable id; sent as X-Request-Id on replay"),
-    ("session_id", pa.string(), False, "the agent session (conversation) the request belongs to"),
+    ("session_id", _DICT, False, "the agent session (conversation) the request belongs to"),
     ("turn", pa.int32(), False, "0-based index of the request within its session"),
     ("start_us", pa.int64(), False, "recorded start, microseconds from trace start"),
     ("end_us", pa.int64(), True, "recorded end (last byte), microseconds from trace start"),
-    ("path", pa.string(), False, "endpoint path, e.g. /v1/chat/completions"),
-    ("model", pa.string(), True, "the body's model"),
-    ("kind", pa.string(), False, "payload kind: chat | text | blocks | raw"),
+    ("path", _DICT, False, "endpoint path, e.g. /v1/chat/completions"),
+    ("model", _DICT, True, "the body's model"),
+    ("kind", _DICT, False, "payload kind: chat | text | blocks | raw"),
     # delta encoding
     ("base", pa.int64(), True, "row index of the delta base (an earlier row), null = keyframe"),
     ("keep", pa.int64(), False, "units of the base's content kept before the appended part"),
@@ -67,6 +72,7 @@ FIELDS: list[tuple[str, pa.DataType, bool, str]] = [
     ("text", pa.string(), True, "text: appended prompt characters"),
     ("blocks", pa.list_(pa.int64()), True, "blocks: appended block hash ids"),
     ("block_size", pa.int32(), True, "blocks: tokens per block"),
+    ("block_ns", _DICT, True, "blocks: namespace of the hash ids (null = global ids)"),
     ("params", pa.string(), True, "JSON body minus content (content key = null); null = base's"),
     # derived, for queries and planning
     ("input_tokens", pa.int64(), False, "prompt tokens: exact for blocks, else recorded or approx"),
@@ -89,6 +95,7 @@ FIELDS: list[tuple[str, pa.DataType, bool, str]] = [
 
 FIELD_DOCS: dict[str, str] = {name: doc for name, _, _, doc in FIELDS}
 NAMES: list[str] = [name for name, _, _, _ in FIELDS]
+DICT_COLUMNS: frozenset[str] = frozenset(n for n, t, _, _ in FIELDS if t == _DICT)
 CONTENT_COLUMNS: tuple[str, ...] = ("messages", "text", "blocks", "params")
 # Columns too big to hold for every row at once; the rest form the index.
 HEAVY_COLUMNS: frozenset[str] = frozenset(

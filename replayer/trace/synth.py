@@ -186,6 +186,7 @@ def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
     tools = _tool_schemas(o.tools, text)
     t_session = 0.0
     shared_blocks = list(range(1, system_tok // o.block_size + 1))
+    next_block = len(shared_blocks) + 1  # one counter: small ids compress well
     for s in range(o.sessions):
         sid = f"synth-{s:05d}"
         if s and o.rate > 0:
@@ -198,7 +199,6 @@ def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
         budget = o.context - ctx - (o.turns - 1) * (o.reply_tokens + 12)
         shares = _shares(rng, o.turns - 1) if o.turns > 1 else []
         blocks = list(shared_blocks)
-        next_block = (s + 1) << 32
         t = t_session
         for k in range(o.turns):
             if k:

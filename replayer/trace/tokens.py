@@ -8,10 +8,12 @@ the recorded one did. Tokens past the last block (kv-cache-tester's ``in % 64``
 tail, Azure's whole prompt) are unique to the request: they are drawn from the
 request id. A partial last block (Mooncake) is the prefix of its full block.
 
-The construction is documented so that a bundle's stdlib-only ``repro.py`` can
-regenerate the same ids: the block's bytes are
-``shake_128(f"{salt}:{block_id}:{block_size}")`` read as little-endian uint32,
-each mapped to ``lo + v % (hi - lo)``.
+Hash ids may be scoped by a namespace (kv-cache-tester ids are local to one
+trace): the block key is ``"{id}"`` for global ids and ``"{ns}:{id}"`` within
+namespace ``ns``. The construction is documented so that a bundle's
+stdlib-only ``repro.py`` can regenerate the same ids: the block's bytes are
+``shake_128(f"{salt}:{key}:{block_size}")`` read as little-endian uint32, each
+mapped to ``lo + v % (hi - lo)``; tail tokens use ``f"{salt}:tail:{request_id}"``.
 
 The default range [10000, 32000) fits every common vocabulary (32K and up),
 avoids the low ids where special tokens live, and makes every id exactly five
@@ -53,8 +55,9 @@ class TokenSpace:
         if not 0 <= self.lo < self.hi:
             raise ValueError(f"token range [{self.lo}, {self.hi}) is empty or negative")
 
-    def block(self, block_id: int, block_size: int) -> list[int]:
-        return _draw(f"{self.salt}:{block_id}:{block_size}", block_size, self.lo, self.hi)
+    def block(self, block_id: int, block_size: int, ns: str | None = None) -> list[int]:
+        key = f"{ns}:{block_id}" if ns else str(block_id)
+        return _draw(f"{self.salt}:{key}:{block_size}", block_size, self.lo, self.hi)
 
     def tail(self, request_id: str, n: int) -> list[int]:
         return _draw(f"{self.salt}:tail:{request_id}", n, self.lo, self.hi) if n > 0 else []
@@ -73,41 +76,52 @@ class BlockPrompts:
 
     def __init__(self, space: TokenSpace | None = None, cache_blocks: int = 65_536) -> None:
         self.space = space or TokenSpace()
-        self._cache: OrderedDict[tuple[int, int], str] = OrderedDict()
+        self._cache: OrderedDict[tuple[str | None, int, int], str] = OrderedDict()
         self._cap = cache_blocks
 
-    def _block_json(self, block_id: int, block_size: int) -> str:
-        key = (block_id, block_size)
+    def _block_json(self, block_id: int, block_size: int, ns: str | None) -> str:
+        key = (ns, block_id, block_size)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        text = ",".join(map(str, self.space.block(block_id, block_size)))
+        text = ",".join(map(str, self.space.block(block_id, block_size, ns)))
         self._cache[key] = text
         if len(self._cache) > self._cap:
             self._cache.popitem(last=False)
         return text
 
     def tokens(
-        self, block_ids: Sequence[int], block_size: int, input_tokens: int, request_id: str
+        self,
+        block_ids: Sequence[int],
+        block_size: int,
+        input_tokens: int,
+        request_id: str,
+        ns: str | None = None,
     ) -> list[int]:
         full, part = divmod(input_tokens, block_size)
         out: list[int] = []
         for b in block_ids[:full]:
-            out.extend(self.space.block(b, block_size))
+            out.extend(self.space.block(b, block_size, ns))
         if len(block_ids) > full and part:
-            out.extend(self.space.block(block_ids[full], block_size)[:part])
+            out.extend(self.space.block(block_ids[full], block_size, ns)[:part])
         return out + self.space.tail(request_id, input_tokens - len(out))
 
     def json(
-        self, block_ids: Sequence[int], block_size: int, input_tokens: int, request_id: str
+        self,
+        block_ids: Sequence[int],
+        block_size: int,
+        input_tokens: int,
+        request_id: str,
+        ns: str | None = None,
     ) -> str:
         """The prompt as a JSON array text, equal to ``orjson.dumps(tokens(...))``."""
         full, part = divmod(input_tokens, block_size)
-        pieces = [self._block_json(b, block_size) for b in block_ids[:full]]
+        pieces = [self._block_json(b, block_size, ns) for b in block_ids[:full]]
         n = min(len(block_ids), full) * block_size
         if len(block_ids) > full and part:
-            pieces.append(",".join(map(str, self.space.block(block_ids[full], block_size)[:part])))
+            last = self.space.block(block_ids[full], block_size, ns)[:part]
+            pieces.append(",".join(map(str, last)))
             n += part
         if input_tokens > n:
             pieces.append(",".join(map(str, self.space.tail(request_id, input_tokens - n))))

@@ -32,6 +32,7 @@ from replayer import __version__
 from replayer.errors import TraceError
 from replayer.trace import content as cx
 from replayer.trace.schema import (
+    DICT_COLUMNS,
     FORMAT_NAME,
     META_FORMAT,
     META_PROVENANCE,
@@ -81,6 +82,8 @@ class RequestRecord:
     path: str | None = None
     end_us: int | None = None
     block_size: int | None = None
+    block_ns: str | None = None
+    """blocks: the namespace of ``content``'s hash ids (None: ids are global)."""
     input_tokens: int | None = None
     """Required for blocks; for chat/text, the recorded prompt tokens if known."""
     base_hint: str | None = None
@@ -140,6 +143,7 @@ class _Row:
     params_text: str
     depth: int
     block_size: int | None
+    block_ns: str | None
     sizes: list[int] | None = None  # chat: running UTF-8 byte totals of messages
     toks: list[int] | None = None  # chat: running approximate token totals
     weight: int = 0
@@ -197,7 +201,7 @@ class TraceWriter:
         flush_bytes: int = 32 << 20,
         flush_interval: float | None = None,
         compression_level: int = 3,
-        cache_bytes: int = 1 << 30,
+        cache_bytes: int = 256 << 20,
         fsync: bool = False,
     ) -> None:
         self.path = Path(path)
@@ -205,10 +209,14 @@ class TraceWriter:
         self._prompts = BlockPrompts(meta.tokens, cache_blocks=4096)
         self._schema = arrow_schema(meta.to_metadata())
         self._sink = pa.OSFile(str(self.path), "wb")
-        opts = ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
+        # Dictionaries only grow, so each flush emits a delta; both IPC forms accept them.
+        opts = ipc.IpcWriteOptions(
+            compression=pa.Codec("zstd", compression_level), emit_dictionary_deltas=True
+        )
         new = ipc.new_stream if form == "stream" else ipc.new_file
         self._ipc = new(self._sink, self._schema, options=opts)
         self._cols: dict[str, list[Any]] = {n: [] for n in NAMES}
+        self._dicts: dict[str, dict[str, int]] = {n: {} for n in DICT_COLUMNS}
         self._pending_bytes = 0
         self._flush_rows, self._flush_bytes = flush_rows, flush_bytes
         self._flush_interval = flush_interval
@@ -240,7 +248,10 @@ class TraceWriter:
         base = self._rows.get(base_row) if base_row is not None else None
         keep = 0
         if base is not None and kind is not Kind.RAW and base.depth < MAX_CHAIN:
-            if kind is Kind.BLOCKS and base.block_size != rec.block_size:
+            if kind is Kind.BLOCKS and (base.block_size, base.block_ns) != (
+                rec.block_size,
+                rec.block_ns,
+            ):
                 keep = 0
             else:
                 keep = cx.common_prefix(base.content, content)
@@ -285,7 +296,11 @@ class TraceWriter:
             content_len = (
                 fixed
                 if fixed is not None
-                else len(self._prompts.json(content, rec.block_size, input_tokens, rec.request_id))
+                else len(
+                    self._prompts.json(
+                        content, rec.block_size, input_tokens, rec.request_id, rec.block_ns
+                    )
+                )
             )
         else:
             content_len = 4  # params_text already holds the whole body
@@ -311,6 +326,7 @@ class TraceWriter:
         c["text"].append(appended if kind is Kind.TEXT else None)
         c["blocks"].append(appended if kind is Kind.BLOCKS else None)
         c["block_size"].append(rec.block_size if kind is Kind.BLOCKS else None)
+        c["block_ns"].append(rec.block_ns if kind is Kind.BLOCKS else None)
         c["params"].append(stored_params)
         c["input_tokens"].append(input_tokens)
         mt = params.get("max_tokens", params.get("max_completion_tokens"))
@@ -342,11 +358,16 @@ class TraceWriter:
                 params_text=params_text,
                 depth=(base.depth + 1) if base is not None else 0,
                 block_size=rec.block_size,
+                block_ns=rec.block_ns,
                 sizes=sizes,
                 toks=toks,
                 weight=_weight(kind, content, params_text),
             ),
         )
+        prev = self._last_of_session.get(rec.session_id)
+        if prev is not None and prev in self._rows:
+            # no longer its session's default base: first in line for eviction
+            self._rows.move_to_end(prev, last=False)
         self._last_of_session[rec.session_id] = row
         self._row_of[rec.request_id] = row
         self._maybe_flush()
@@ -356,7 +377,12 @@ class TraceWriter:
         """Write buffered rows as one record batch and push it to the OS."""
         n = len(self._cols["request_id"])
         if n:
-            arrays = [pa.array(self._cols[f.name], type=f.type) for f in self._schema]
+            arrays = [
+                self._dict_array(f.name)
+                if f.name in DICT_COLUMNS
+                else pa.array(self._cols[f.name], type=f.type)
+                for f in self._schema
+            ]
             self._ipc.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self._schema))
             self.rows_written += n
             self.batches_written += 1
@@ -393,6 +419,14 @@ class TraceWriter:
         return self.rows_written + len(self._cols["request_id"])
 
     # -- internals ---------------------------------------------------------
+
+    def _dict_array(self, name: str) -> pa.DictionaryArray:
+        """Indices into one dictionary per column that only ever grows."""
+        codes = self._dicts[name]
+        idx = [None if v is None else codes.setdefault(v, len(codes)) for v in self._cols[name]]
+        return pa.DictionaryArray.from_arrays(
+            pa.array(idx, type=pa.int32()), pa.array(list(codes), type=pa.string())
+        )
 
     def _normalize(self, rec: RequestRecord, kind: Kind) -> tuple[dict[str, Any], Any]:
         params = dict(rec.params)

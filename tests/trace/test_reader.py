@@ -106,8 +106,9 @@ def test_arrow_but_not_a_trace(tmp_path):
 
 def _rewrite_with(tmp_path, mutate_schema):
     recs, _ = growing_session(2)
-    src = write(tmp_path / "t.arrow", recs)
-    table = pa.Table.from_batches([src._batch(0)])
+    write(tmp_path / "t.arrow", recs)
+    with pa.OSFile(str(tmp_path / "t.arrow")) as f:
+        table = ipc.open_stream(f).read_all()
     table = mutate_schema(table)
     p = tmp_path / "x.arrow"
     with pa.OSFile(str(p), "wb") as f, ipc.new_stream(f, table.schema) as w:

@@ -17,20 +17,24 @@ from replayer.trace.tokens import (
 )
 
 
-def documented_block(salt: str, block_id: int, size: int, lo: int, hi: int) -> list[int]:
+def documented_block(salt: str, key: str, size: int, lo: int, hi: int) -> list[int]:
     """The construction as the module docstring states it (what repro.py will do)."""
-    raw = hashlib.shake_128(f"{salt}:{block_id}:{size}".encode()).digest(4 * size)
+    raw = hashlib.shake_128(f"{salt}:{key}:{size}".encode()).digest(4 * size)
     return [lo + v % (hi - lo) for v in struct.unpack(f"<{size}I", raw)]
 
 
 def test_block_tokens_follow_the_documented_construction():
     space = TokenSpace()
-    assert space.block(7, 16) == documented_block("replayer", 7, 16, 10_000, 32_000)
+    assert space.block(7, 16) == documented_block("replayer", "7", 16, 10_000, 32_000)
+    assert space.block(7, 16, "trace_0001") == documented_block(
+        "replayer", "trace_0001:7", 16, 10_000, 32_000
+    )
+    assert space.block(7, 16, "trace_0001") != space.block(7, 16, "trace_0002")
     assert space.block(7, 16) == space.block(7, 16)
     assert space.block(7, 16) != space.block(8, 16)
     assert all(10_000 <= t < 32_000 for t in space.block(123456789, 512))
     other = TokenSpace(lo=100, hi=200, salt="x")
-    assert other.block(7, 16) == documented_block("x", 7, 16, 100, 200)
+    assert other.block(7, 16) == documented_block("x", "7", 16, 100, 200)
 
 
 def test_golden_values_never_change():

@@ -145,6 +145,20 @@ OPENAI_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_
 """The chat-message keys every OpenAI-compatible server accepts."""
 
 
+def message_problem(messages: Any) -> str | None:
+    """Why ``messages`` is not a chat message list a trace can hold, or None:
+    it must be a list of objects, each with a string ``role`` and a
+    ``tool_calls`` that is absent, null or a list."""
+    if not isinstance(messages, list):
+        return "messages is not a list"
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"message {j} is not an object with a role"
+        if not isinstance(m.get("tool_calls") or [], list):
+            return f"message {j}: tool_calls is not a list"
+    return None
+
+
 def text_chars(content: Any) -> int:
     """Characters of a message content: a string, or the ``text`` of its parts."""
     if isinstance(content, str):
@@ -163,7 +177,8 @@ def reply_tokens(message: dict[str, Any]) -> int:
     when a source records no token counts: ``ceil(chars / 4)`` over the content
     text plus every tool call's function name and arguments, and at least 1."""
     chars = text_chars(message.get("content"))
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
             for key in ("name", "arguments"):
@@ -175,10 +190,11 @@ def reply_tokens(message: dict[str, Any]) -> int:
 def reply_outcome(message: dict[str, Any]) -> dict[str, Any]:
     """RequestRecord outcome fields of a recorded assistant message."""
     content = message.get("content")
-    calls = message.get("tool_calls") or None
+    calls = message.get("tool_calls")
+    calls = calls if isinstance(calls, list) and calls else None
     return {
         "output_text": content if isinstance(content, str) else None,
-        "output_tool_calls": calls if isinstance(calls, list) else None,
+        "output_tool_calls": calls,
         "finish_reason": "tool_calls" if calls else "stop",
     }
 
@@ -199,6 +215,14 @@ class SessionClock:
         end = start + round(self.timing.service(output_tokens) * US)
         self._next = end + round(self.timing.think * US)
         return start, end
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def is_int64(value: Any) -> bool:
+    """An integer (not a bool) that fits a trace's int64 columns."""
+    return isinstance(value, int) and not isinstance(value, bool) and INT64[0] <= value <= INT64[1]
 
 
 def seconds_to_us(value: int | float, scale: int = US) -> int:

@@ -3,7 +3,8 @@ document per session with 64-token hash ids, per-request ``t`` (seconds from
 session start), ``api_time``, ``think_time`` and sub-agents.
 
 Hash ids are local to a trace (``hash_id_scope: local``), so each is
-namespaced by its trace id: ``crc31(trace id) << 32 | id``. Sub-agents share
+scoped by their trace id (``block_ns``): blocks of different traces never
+share tokens by accident, and the ids stay the source's own. Sub-agents share
 their parent's namespace (their system prompts hit each other's blocks) and
 become their own sessions, ``<trace>/<agent_id>``, starting at the
 sub-agent's ``t`` in the parent's clock. Only full blocks are hashed; the
@@ -14,7 +15,6 @@ together by default; ``--session-gap`` or ``--session-rate`` spread them.
 from __future__ import annotations
 
 import argparse
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,9 @@ from replayer.trace.writer import RequestRecord
 NAME = "kv-cache-tester"
 HELP = "kv-cache-tester Claude Code session traces (trace_NNNN.json[.gz], 64-token hash ids)"
 WHAT = "a kv-cache-tester trace"
-_META_KEYS = ("type", "input_types", "output_types", "stop", "api_time", "think_time")
+# api_time is end_us - start_us and type is the body's stream flag; the rest
+# has no column of its own.
+_META_KEYS = ("input_types", "output_types", "stop", "think_time")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,10 +72,6 @@ def expand(sources: list[Path]) -> list[Path]:
     return files
 
 
-def namespace(trace_id: str) -> int:
-    return (zlib.crc32(trace_id.encode()) & 0x7FFFFFFF) << 32
-
-
 def records(sources: list[Path], opts: argparse.Namespace) -> Iterator[RequestRecord]:
     files = expand(sources)
     starts = session_starts(len(files), opts.session_gap, opts.session_rate, opts.seed)
@@ -83,19 +81,15 @@ def records(sources: list[Path], opts: argparse.Namespace) -> Iterator[RequestRe
         missing = [k for k in ("id", "block_size", "requests") if k not in doc]
         require(not missing, path, WHAT, f"no {', '.join(missing)}")
         tid = str(doc["id"])
-        ns = namespace(tid)
         bs = int(doc["block_size"])
-        yield from _session(path, tid, doc["requests"], t0, ns, bs, sub=None)
+        yield from _session(path, tid, doc["requests"], t0, tid, bs, sub=None)
 
 
 def _session(
-    path: Path, sid: str, reqs: list[Any], t0: float, ns: int, bs: int, sub: dict[str, Any] | None
+    path: Path, sid: str, reqs: list[Any], t0: float, ns: str, bs: int, sub: dict[str, Any] | None
 ) -> Iterator[RequestRecord]:
     require(isinstance(reqs, list), path, WHAT, f"{sid}: requests is not a list")
     turn = 0
-    # Each request re-lists its whole context; namespace only what it adds.
-    prev_raw: list[int] = []
-    prev_ids: list[int] = []
     for r in reqs:
         require(isinstance(r, dict) and "t" in r, path, WHAT, f"{sid}: a request has no t")
         if r.get("type") == "subagent":
@@ -113,6 +107,8 @@ def _session(
             continue
         missing = [k for k in ("in", "out", "hash_ids") if k not in r]
         require(not missing, path, WHAT, f"{sid}: a request has no {', '.join(missing)}")
+        ids = r["hash_ids"]
+        require(isinstance(ids, list), path, WHAT, f"{sid}: hash_ids is not a list")
         start = t0 + float(r["t"])
         api = r.get("api_time")
         meta = {k: r[k] for k in _META_KEYS if k in r}
@@ -128,19 +124,8 @@ def _session(
         if params["model"] is None:
             del params["model"]
         ttft = r.get("ttft")
-        raw = r["hash_ids"]
-        require(isinstance(raw, list), path, WHAT, f"{sid}: hash_ids is not a list")
-        n = len(prev_raw)
-        try:
-            if n and raw[:n] == prev_raw:
-                ids = prev_ids + [ns | h for h in raw[n:]]
-            else:
-                ids = [ns | h for h in raw]
-        except TypeError:
-            raise ImportFormatError(
-                f"{path}: not {WHAT} ({sid}: hash ids must be integers)"
-            ) from None
-        prev_raw, prev_ids = raw, ids
+        # ``in``/``out`` are the recorded usage; they live in input_tokens and
+        # max_tokens (exact for blocks), so the usage columns stay empty.
         yield RequestRecord(
             request_id=f"{sid}:{turn}",
             session_id=sid,
@@ -151,11 +136,10 @@ def _session(
             params=params,
             content=ids,
             block_size=bs,
+            block_ns=ns,
             input_tokens=int(r["in"]),
             status=200,
             ttft_us=round(float(ttft) * US) if ttft is not None else None,
-            usage_prompt_tokens=int(r["in"]),
-            usage_completion_tokens=int(r["out"]),
             meta=meta,
         )
         turn += 1

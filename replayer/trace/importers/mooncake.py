@@ -53,9 +53,10 @@ def details(sources: list[Path], opts: argparse.Namespace) -> dict[str, object]:
 
 def records(sources: list[Path], opts: argparse.Namespace) -> Iterator[RequestRecord]:
     bs = opts.block_size
-    for file_no, src in enumerate(sources):
+    for src in sources:
         stem = src.name.split(".")[0]
-        ns = file_no << 40  # ids of different files must not collide
+        # ids of different files must not collide: several files, one namespace each
+        ns = stem if len(sources) > 1 else None
         last_full: dict[tuple[int, int], int] = {}  # (chain length, last id) -> request
         session_of: list[str] = []
         session_last: dict[str, int] = {}
@@ -105,8 +106,9 @@ def records(sources: list[Path], opts: argparse.Namespace) -> Iterator[RequestRe
                 start_us=round(float(row["timestamp"]) * 1000),
                 kind=Kind.BLOCKS,
                 params=params,
-                content=[ns | b for b in ids],
+                content=ids,
                 block_size=bs,
+                block_ns=ns,
                 input_tokens=n_in,
                 base_hint=f"{stem}-{parent:06d}" if parent is not None else None,
                 usage_prompt_tokens=n_in,

@@ -31,8 +31,9 @@ def source_rows(path):
 
 
 @cache
-def block(block_id: int, size: int) -> tuple[int, ...]:
-    raw = hashlib.shake_128(f"replayer:{block_id}:{size}".encode()).digest(4 * size)
+def block(key: int | str, size: int) -> tuple[int, ...]:
+    """The documented construction: key is the id, or "ns:id" within a namespace."""
+    raw = hashlib.shake_128(f"replayer:{key}:{size}".encode()).digest(4 * size)
     return tuple(10_000 + v % 22_000 for v in struct.unpack(f"<{size}I", raw))
 
 
@@ -45,6 +46,7 @@ def conv(shared_data, tmp_path_factory):
 
 def test_every_request_reconstructs(conv):
     _, rows, t = conv
+    assert set(t.column("block_ns")) == {None}  # one file: the ids are global
     assert len(t) == len(rows) == 12_031
     assert [t.column("request_id")[r] for r in t.order] == [
         f"conversation_trace-{i:06d}" for i in range(len(rows))
@@ -149,4 +151,12 @@ def test_two_files_do_not_share_block_ids(shared_data, tmp_path):
     assert len(t) == 12_031 + 3_993
     rows_b = source_rows(b)
     first_b = t.row_of("synthetic_trace-000000")
-    assert t.content(first_b) == [(1 << 40) | x for x in rows_b[0]["hash_ids"]]
+    first_a = t.row_of("conversation_trace-000000")
+    assert t.content(first_b) == rows_b[0]["hash_ids"]
+    assert (t.column("block_ns")[first_a], t.column("block_ns")[first_b]) == (
+        "conversation_trace",
+        "synthetic_trace",
+    )
+    # both files number their blocks from 0, yet their prompts differ
+    assert t.content(first_a)[0] == t.content(first_b)[0] == 0
+    assert t.body(first_a)["prompt"][:512] != t.body(first_b)["prompt"][:512]
