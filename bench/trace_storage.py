@@ -149,7 +149,7 @@ def bench_big(path: Path, quick: bool) -> dict[str, Any]:
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         run_child([sys.executable, "-m", "replayer", "synth", "--sessions", str(sessions),
-                   "--turns", "40", "--context", "200000", "--tools", "16", "--rate", "5",
+                   "--turns", "40", "--context", "200000", "--tools", "16", "--rate", "0.2",
                    "--seed", "1", "-o", str(tmp)])
         tmp.rename(path)
         gen = time.monotonic() - t0

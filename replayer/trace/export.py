@@ -6,7 +6,14 @@ in trace order, for tools that do not read Arrow.
 back). ``aiperf`` lines are AIPerf ``mooncake_trace`` rows: ``session_id``,
 ``timestamp`` (ms), and ``messages`` (+``tools``), ``text_input``, or
 ``input_length`` + ``hash_ids`` by payload kind, with ``output_length`` from
-``max_tokens`` and the remaining body parameters under ``extra``.
+``max_tokens`` and the remaining body parameters under ``extra``. AIPerf sets
+``model`` and streaming itself, so those are left out. Rows also carry
+``request_id`` and, for blocks, ``block_size``: AIPerf ignores unknown keys,
+and ``replayer import aiperf`` reads them back. Block ids scoped by a
+namespace (kv-cache-tester) become globally unique integers, numbered in
+order of first appearance, so traces that reuse local ids never share
+prompts inside AIPerf; the sharing structure survives, the token values (a
+function of the original ids) do not.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ def jsonl_lines(trace: Trace) -> Iterator[bytes]:
 
 def aiperf_lines(trace: Trace, skipped: list[str]) -> Iterator[bytes]:
     c = trace.column
+    unique: dict[tuple[str, int], int] = {}
     for row in trace.order:
         kind = Kind(c("kind")[row])
         if kind is Kind.RAW:
@@ -64,11 +72,17 @@ def aiperf_lines(trace: Trace, skipped: list[str]) -> Iterator[bytes]:
         out: dict[str, Any] = {
             "session_id": c("session_id")[row],
             "timestamp": _ms(c("start_us")[row]),
+            "request_id": c("request_id")[row],
         }
         params = orjson.loads(trace.params_text(row))
         if kind is Kind.BLOCKS:
             out["input_length"] = c("input_tokens")[row]
-            out["hash_ids"] = trace.content(row)
+            ids = trace.content(row)
+            ns = c("block_ns")[row]
+            if ns is not None:
+                ids = [unique.setdefault((ns, b), len(unique)) for b in ids]
+            out["hash_ids"] = ids
+            out["block_size"] = c("block_size")[row]
         elif kind is Kind.CHAT:
             out["messages"] = [orjson.Fragment(m) for m in trace.content(row)]
             if params.get("tools"):

@@ -23,7 +23,7 @@ import bisect
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,8 @@ from replayer.trace.tokens import BlockPrompts, TokenSpace
 log = logging.getLogger("replayer.trace")
 
 _FILE_MAGIC = b"ARROW1"
+_CONTENT = ("messages", "text", "blocks", "params")
+_Cell = Callable[[int, str], Any]
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
@@ -156,7 +158,8 @@ class Trace:
 
         wanted = [i for i, f in enumerate(schema) if f.name not in HEAVY_COLUMNS]
         idx_reader = ipc.open_stream(
-            pa.BufferReader(body), options=ipc.IpcReadOptions(included_fields=wanted)
+            pa.BufferReader(body),
+            options=ipc.IpcReadOptions(included_fields=wanted, use_threads=False),
         )
         idx_batches: list[pa.RecordBatch] = []
         torn = False
@@ -251,16 +254,27 @@ class Trace:
 
     # -- content access ----------------------------------------------------
 
+    def _decode(self, k: int) -> pa.RecordBatch:
+        """Decode the content columns of batch ``k`` (replaying only the
+        schema and dictionary messages before it, then the batch)."""
+        stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + _EOS
+        reader = ipc.open_stream(
+            pa.py_buffer(stream),
+            options=ipc.IpcReadOptions(included_fields=self._heavy, use_threads=False),
+        )
+        return reader.read_next_batch()
+
+    def _batch_of(self, row: int) -> int:
+        if not 0 <= row < self._num_rows:
+            raise IndexError(f"row {row} out of range (trace has {self._num_rows})")
+        return bisect.bisect_right(self._batch_starts, row) - 1
+
     def _batch(self, k: int) -> pa.RecordBatch:
         b = self._batches.get(k)
         if b is not None:
             self._batches.move_to_end(k)
             return b
-        stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + _EOS
-        reader = ipc.open_stream(
-            pa.py_buffer(stream), options=ipc.IpcReadOptions(included_fields=self._heavy)
-        )
-        b = reader.read_next_batch()
+        b = self._decode(k)
         self._batches[k] = b
         self._batch_weight += b.nbytes
         while self._batch_weight > self._batch_budget and len(self._batches) > 1:
@@ -269,24 +283,26 @@ class Trace:
         return b
 
     def _cell(self, row: int, name: str) -> Any:
-        if not 0 <= row < self._num_rows:
-            raise IndexError(f"row {row} out of range (trace has {self._num_rows})")
-        k = bisect.bisect_right(self._batch_starts, row) - 1
+        k = self._batch_of(row)
         return self._batch(k).column(name)[row - self._batch_starts[k]].as_py()
 
-    def _appended(self, row: int, kind: Kind) -> Any:
+    def _appended(self, row: int, kind: Kind, cell: _Cell) -> Any:
         if kind is Kind.CHAT:
-            return self._cell(row, "messages") or []
+            return cell(row, "messages") or []
         if kind is Kind.TEXT:
-            return self._cell(row, "text") or ""
+            return cell(row, "text") or ""
         if kind is Kind.BLOCKS:
-            return self._cell(row, "blocks") or []
+            return cell(row, "blocks") or []
         return None
 
-    def content(self, row: int, live: dict[int, Any] | None = None) -> Any:
+    def content(
+        self, row: int, live: dict[int, Any] | None = None, cell: _Cell | None = None
+    ) -> Any:
         """The full content of a row (messages as JSON texts, prompt, or block ids).
 
-        ``live`` maps rows to already-built contents (sequential iteration)."""
+        ``live`` maps rows to already-built contents and ``cell`` reads a
+        content cell (both supplied by sequential iteration)."""
+        cell = cell or self._cell
         kind = Kind(self.column("kind")[row])
         if kind is Kind.RAW:
             return None
@@ -300,7 +316,7 @@ class Trace:
                 full = live[cur]
                 prefix = full if need is None else full[:need]
                 break
-            app = self._appended(cur, kind)
+            app = self._appended(cur, kind, cell)
             keep = keep_col[cur]
             want = keep + len(app) if need is None else need
             pieces.append(app[: max(0, want - keep)])
@@ -317,12 +333,13 @@ class Trace:
             out.extend(p)
         return out
 
-    def params_text(self, row: int) -> str:
+    def params_text(self, row: int, cell: _Cell | None = None) -> str:
         """The effective params JSON of a row (inherited along the chain).
 
         Resolved rows are memoized (they share one string per keyframe), so a
         session read in order walks one step per request, not its whole chain."""
         memo = self._params_memo
+        cell = cell or self._cell
         base_col = self.column("base")
         walked: list[int] = []
         cur: int | None = row
@@ -330,7 +347,7 @@ class Trace:
         while cur is not None:
             text = memo.get(cur)
             if text is None:
-                text = self._cell(cur, "params")
+                text = cell(cur, "params")
             if text is not None:
                 break
             walked.append(cur)
@@ -362,11 +379,12 @@ class Trace:
         patch: dict[str, Any] | None = None,
         *,
         _content: Any = None,
+        _cell: _Cell | None = None,
     ) -> bytes:
         """The request body as compact JSON bytes, optionally with top-level
         keys replaced or added (``patch``; a value of ``None`` removes a key)."""
         kind = Kind(self.column("kind")[row])
-        params = orjson.loads(self.params_text(row))
+        params = orjson.loads(self.params_text(row, _cell))
         key = kind.content_key
         if key is not None:
             content = _content if _content is not None else self.content(row)
@@ -385,9 +403,23 @@ class Trace:
         return result
 
     def iter_content(self, rows: Iterable[int] | None = None) -> Iterator[tuple[int, Any]]:
-        """Contents of ``rows`` (default: trace order), built incrementally: each
-        row's content is kept only until the last later row that deltas on it,
-        so a session replayed in order costs O(appended) per request."""
+        """Contents of ``rows`` (default: trace order), built incrementally.
+
+        Each content batch is decoded once, when its first planned row is
+        reached, and its planned rows are kept until consumed; each row's
+        content is kept only until the last later row that deltas on it. A
+        session replayed in order costs O(appended) per request."""
+        for r, content, _ in self._sequential(rows):
+            yield r, content
+
+    def iter_json(
+        self, rows: Iterable[int] | None = None, patch: dict[str, Any] | None = None
+    ) -> Iterator[tuple[int, bytes]]:
+        """Bodies of ``rows`` (default: trace order), built incrementally."""
+        for r, content, cell in self._sequential(rows):
+            yield r, self.body_json(r, patch, _content=content, _cell=cell)
+
+    def _sequential(self, rows: Iterable[int] | None) -> Iterator[tuple[int, Any, _Cell]]:
         seq = list(self.order if rows is None else rows)
         base_col = self.column("base")
         kinds = self.column("kind")
@@ -395,25 +427,20 @@ class Trace:
         pos = {r: i for i, r in enumerate(seq)}
         for i, r in enumerate(seq):
             b = base_col[r]
-            if b is not None and b in pos and pos[b] < i:
+            if b is not None and pos.get(b, i) < i:
                 last_use[b] = i
+        reader = _Pass(self, pos)
         live: dict[int, Any] = {}
         expire: dict[int, list[int]] = {}
         for i, r in enumerate(seq):
-            content = self.content(r, live) if kinds[r] != Kind.RAW else None
-            yield r, content
+            content = self.content(r, live, reader.cell) if kinds[r] != Kind.RAW else None
+            yield r, content, reader.cell
+            reader.consume(r)
             if r in last_use:
                 live[r] = content
                 expire.setdefault(last_use[r], []).append(r)
             for done in expire.pop(i, ()):
                 live.pop(done, None)
-
-    def iter_json(
-        self, rows: Iterable[int] | None = None, patch: dict[str, Any] | None = None
-    ) -> Iterator[tuple[int, bytes]]:
-        """Bodies of ``rows`` (default: trace order), built incrementally."""
-        for r, content in self.iter_content(rows):
-            yield r, self.body_json(r, patch, _content=content)
 
     def outcome(self, row: int) -> dict[str, Any]:
         """The recorded outcome of a row (None where unknown)."""
@@ -452,6 +479,42 @@ class Trace:
         """Regenerate blocks prompts in another token range (a model's vocabulary)."""
         self.tokens = space
         self._prompts = BlockPrompts(space)
+
+
+class _Pass:
+    """Content cells for one sequential pass: a batch is decoded once, when
+    its first planned row is needed, and its planned rows' cells are held
+    until consumed (never re-decoded, whatever the storage order)."""
+
+    def __init__(self, trace: Trace, planned: dict[int, int]) -> None:
+        self.trace = trace
+        self.planned = planned
+        self.held: dict[int, tuple[Any, ...]] = {}
+        self.decoded: set[int] = set()
+
+    def cell(self, row: int, name: str) -> Any:
+        held = self.held.get(row)
+        if held is None and row in self.planned:
+            k = self.trace._batch_of(row)
+            if k not in self.decoded:
+                self._extract(k)
+                held = self.held.get(row)
+        if held is not None:
+            return held[_CONTENT.index(name)]
+        return self.trace._cell(row, name)
+
+    def _extract(self, k: int) -> None:
+        self.decoded.add(k)
+        batch = self.trace._decode(k)
+        start = self.trace._batch_starts[k]
+        cols = [batch.column(n).to_pylist() for n in _CONTENT]
+        for i in range(batch.num_rows):
+            if start + i in self.planned:
+                self.held[start + i] = tuple(c[i] for c in cols)
+
+    def consume(self, row: int) -> None:
+        self.held.pop(row, None)
+        self.planned.pop(row, None)
 
 
 def _check_schema(p: Path, schema: pa.Schema) -> None:

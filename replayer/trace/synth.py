@@ -14,6 +14,7 @@ are shared across sessions). Everything is a pure function of ``--seed``.
 from __future__ import annotations
 
 import argparse
+import heapq
 import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -133,26 +134,25 @@ class _Text:
             words.append(w)
             n += len(w) + 1
         self.pool = " ".join(words)
-        self.rng = rng
 
-    def tokens(self, n: int) -> str:
+    def tokens(self, n: int, rng: random.Random) -> str:
         chars = max(1, n * CHARS_PER_TOKEN)
         out = []
         while chars > 0:
-            start = self.rng.randrange(len(self.pool))
+            start = rng.randrange(len(self.pool))
             piece = self.pool[start : start + chars]
             out.append(piece)
             chars -= len(piece)
         return "".join(out)
 
 
-def _tool_schemas(n: int, text: _Text) -> list[dict[str, Any]]:
+def _tool_schemas(n: int, text: _Text, rng: random.Random) -> list[dict[str, Any]]:
     return [
         {
             "type": "function",
             "function": {
                 "name": f"tool_{i}",
-                "description": text.tokens(40),
+                "description": text.tokens(40, rng),
                 "parameters": {
                     "type": "object",
                     "properties": {"path": {"type": "string"}, "query": {"type": "string"}},
@@ -173,110 +173,131 @@ def _shares(rng: random.Random, n: int) -> list[float]:
 
 
 def sessions(o: SynthOptions) -> Iterator[RequestRecord]:
-    """Every request of every session, session by session.
+    """Every request of every session, in trace (start time) order.
 
-    Context is counted with the project's token approximation
+    Sessions are independent generators (each with its own seeded RNG, so the
+    output does not depend on interleaving) merged by start time: writing in
+    trace order lets a replay stream the file front to back. Context is
+    counted with the project's token approximation
     (:func:`~replayer.trace.tokens.approx_message_tokens`), the same count the
     writer stores and the emulator serves, and the last tool output of each
     session is sized so its final request has exactly ``context`` tokens."""
     rng = random.Random(o.seed)
-    text = _Text(random.Random(o.seed ^ 0x5EED), o.pool_chars)
-    system = {"role": "system", "content": text.tokens(o.system_tokens)}
-    system_json, system_tok = _dumps(system), approx_message_tokens(system)
-    tools = _tool_schemas(o.tools, text)
-    t_session = 0.0
-    shared_blocks = list(range(1, system_tok // o.block_size + 1))
-    next_block = len(shared_blocks) + 1  # one counter: small ids compress well
+    shared = _Shared(o)
+    starts = []
+    t = 0.0
     for s in range(o.sessions):
-        sid = f"synth-{s:05d}"
         if s and o.rate > 0:
-            t_session += rng.expovariate(o.rate)
-        user = {"role": "user", "content": text.tokens(50 + rng.randrange(200))}
-        # Messages are serialized once, when appended; the writer takes JSON texts.
-        messages: list[str] = [system_json, _dumps(user)]
-        ctx = system_tok + approx_message_tokens(user)
-        replies = [max(1, int(rng.expovariate(1 / o.reply_tokens))) for _ in range(o.turns)]
-        budget = o.context - ctx - (o.turns - 1) * (o.reply_tokens + 12)
-        shares = _shares(rng, o.turns - 1) if o.turns > 1 else []
-        blocks = list(shared_blocks)
-        t = t_session
-        for k in range(o.turns):
-            if k:
-                if k == o.turns - 1:
-                    size = max(1, o.context - ctx - 4)  # lands the last request on target
-                else:
-                    size = max(1, int(budget * shares[k - 1]))
-                tool = {
-                    "role": "tool",
-                    "tool_call_id": f"call_{s}_{k - 1}",
-                    "content": text.tokens(size),
-                }
-                messages.append(_dumps(tool))
-                ctx += approx_message_tokens(tool)
-            reply = replies[k]
-            service = 0.2 + 0.02 * reply + 2e-6 * ctx
-            last = k == o.turns - 1
-            call = (
-                None
-                if last
-                else {
-                    "id": f"call_{s}_{k}",
-                    "type": "function",
-                    "function": {
-                        "name": f"tool_{rng.randrange(max(o.tools, 1))}",
-                        "arguments": '{"path": "' + text.tokens(max(1, reply // 2)) + '"}',
-                    },
-                }
-            )
-            reply_text = text.tokens(reply) if last else None
-            common: dict[str, Any] = dict(
-                request_id=f"{sid}-t{k:03d}",
-                session_id=sid,
-                turn=k,
-                start_us=round(t * US),
-                end_us=round((t + service) * US),
-                status=200,
-                finish_reason="stop" if last else "tool_calls",
-                output_text=reply_text,
-                output_tool_calls=[call] if call else None,
-                usage_prompt_tokens=ctx,
-                usage_completion_tokens=reply,
-                input_tokens=ctx,
-            )
-            if o.payload == "chat":
-                params: dict[str, Any] = {
-                    "model": o.model,
-                    "messages": None,
-                    "max_tokens": o.max_tokens,
-                    "stream": True,
-                }
-                if tools:
-                    params["tools"] = tools
-                yield RequestRecord(kind=Kind.CHAT, params=params, content=list(messages), **common)
+            t += rng.expovariate(o.rate)
+        starts.append(t)
+    gens = [_session(o, shared, s, starts[s]) for s in range(o.sessions)]
+    return heapq.merge(*gens, key=lambda r: (r.start_us, r.request_id))
+
+
+class _Shared:
+    """What every session shares: the word pool, system prompt and tools."""
+
+    def __init__(self, o: SynthOptions) -> None:
+        rng = random.Random(o.seed ^ 0x5EED)
+        self.text = _Text(rng, o.pool_chars)
+        system = {"role": "system", "content": self.text.tokens(o.system_tokens, rng)}
+        self.system_json, self.system_tok = _dumps(system), approx_message_tokens(system)
+        self.tools = _tool_schemas(o.tools, self.text, rng)
+        self.blocks = list(range(1, self.system_tok // o.block_size + 1))
+
+
+def _session(o: SynthOptions, sh: _Shared, s: int, t: float) -> Iterator[RequestRecord]:
+    rng = random.Random(f"{o.seed}:{s}")
+    text = sh.text
+    sid = f"synth-{s:05d}"
+    user = {"role": "user", "content": text.tokens(50 + rng.randrange(200), rng)}
+    # Messages are serialized once, when appended; the writer takes JSON texts.
+    messages: list[str] = [sh.system_json, _dumps(user)]
+    ctx = sh.system_tok + approx_message_tokens(user)
+    replies = [max(1, int(rng.expovariate(1 / o.reply_tokens))) for _ in range(o.turns)]
+    budget = o.context - ctx - (o.turns - 1) * (o.reply_tokens + 12)
+    shares = _shares(rng, o.turns - 1) if o.turns > 1 else []
+    blocks = list(sh.blocks)
+    # block ids: the shared prefix is 1..k; each session numbers its own from
+    # a disjoint range so ids stay small integers (they compress well)
+    next_block = (s + 1) * (o.context // o.block_size + 2)
+    for k in range(o.turns):
+        if k:
+            if k == o.turns - 1:
+                size = max(1, o.context - ctx - 4)  # lands the last request on target
             else:
-                full = ctx // o.block_size
-                while len(blocks) < full:
-                    blocks.append(next_block)
-                    next_block += 1
-                yield RequestRecord(
-                    kind=Kind.BLOCKS,
-                    params={
-                        "model": o.model,
-                        "prompt": None,
-                        "max_tokens": reply,
-                        "ignore_eos": True,
-                        "stream": True,
-                    },
-                    content=list(blocks[:full]),
-                    block_size=o.block_size,
-                    **common,
-                )
-            assistant: dict[str, Any] = {"role": "assistant", "content": reply_text}
-            if call:
-                assistant["tool_calls"] = [call]
-            messages.append(_dumps(assistant))
-            ctx += approx_message_tokens(assistant)
-            t += service + (rng.expovariate(1 / o.think) if o.think > 0 else 0.0)
+                size = max(1, int(budget * shares[k - 1]))
+            tool = {
+                "role": "tool",
+                "tool_call_id": f"call_{s}_{k - 1}",
+                "content": text.tokens(size, rng),
+            }
+            messages.append(_dumps(tool))
+            ctx += approx_message_tokens(tool)
+        reply = replies[k]
+        service = 0.2 + 0.02 * reply + 2e-6 * ctx
+        last = k == o.turns - 1
+        call = (
+            None
+            if last
+            else {
+                "id": f"call_{s}_{k}",
+                "type": "function",
+                "function": {
+                    "name": f"tool_{rng.randrange(max(o.tools, 1))}",
+                    "arguments": '{"path": "' + text.tokens(max(1, reply // 2), rng) + '"}',
+                },
+            }
+        )
+        reply_text = text.tokens(reply, rng) if last else None
+        common: dict[str, Any] = dict(
+            request_id=f"{sid}-t{k:03d}",
+            session_id=sid,
+            turn=k,
+            start_us=round(t * US),
+            end_us=round((t + service) * US),
+            status=200,
+            finish_reason="stop" if last else "tool_calls",
+            output_text=reply_text,
+            output_tool_calls=[call] if call else None,
+            usage_prompt_tokens=ctx,
+            usage_completion_tokens=reply,
+            input_tokens=ctx,
+        )
+        if o.payload == "chat":
+            params: dict[str, Any] = {
+                "model": o.model,
+                "messages": None,
+                "max_tokens": o.max_tokens,
+                "stream": True,
+            }
+            if sh.tools:
+                params["tools"] = sh.tools
+            yield RequestRecord(kind=Kind.CHAT, params=params, content=list(messages), **common)
+        else:
+            full = ctx // o.block_size
+            while len(blocks) < full:
+                blocks.append(next_block)
+                next_block += 1
+            yield RequestRecord(
+                kind=Kind.BLOCKS,
+                params={
+                    "model": o.model,
+                    "prompt": None,
+                    "max_tokens": reply,
+                    "ignore_eos": True,
+                    "stream": True,
+                },
+                content=list(blocks[:full]),
+                block_size=o.block_size,
+                **common,
+            )
+        assistant: dict[str, Any] = {"role": "assistant", "content": reply_text}
+        if call:
+            assistant["tool_calls"] = [call]
+        messages.append(_dumps(assistant))
+        ctx += approx_message_tokens(assistant)
+        t += service + (rng.expovariate(1 / o.think) if o.think > 0 else 0.0)
 
 
 def _dumps(message: dict[str, Any]) -> str:

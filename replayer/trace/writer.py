@@ -240,76 +240,82 @@ class TraceWriter:
         if rec.request_id in self._row_of:
             raise TraceError(f"duplicate request_id {rec.request_id!r}")
         row = self.rows_written + len(self._cols["request_id"])
-        kind = Kind(rec.kind)
-        params, content = self._normalize(rec, kind)
-        params_text = orjson.dumps(params).decode()
+        try:
+            kind = Kind(rec.kind)
+            params, content = self._normalize(rec, kind)
+            params_text = orjson.dumps(params).decode()
 
-        base_row = self._pick_base(rec, kind)
-        base = self._rows.get(base_row) if base_row is not None else None
-        keep = 0
-        if base is not None and kind is not Kind.RAW and base.depth < MAX_CHAIN:
-            if kind is Kind.BLOCKS and (base.block_size, base.block_ns) != (
-                rec.block_size,
-                rec.block_ns,
-            ):
-                keep = 0
-            else:
-                keep = cx.common_prefix(base.content, content)
-        if keep == 0:
-            base = None
-            base_row = None
-        appended = content[keep:] if kind is not Kind.RAW else None
-        if kind is Kind.BLOCKS and not all(type(b) is int for b in appended):
-            raise TraceError(f"{rec.request_id}: block ids must be integers")
-        stored_params = (
-            None if base is not None and base.params_text == params_text else params_text
-        )
-
-        sizes: list[int] | None = None
-        toks: list[int] | None = None
-        if kind is Kind.CHAT:
-            # Running totals per message make a row's size O(appended) to compute.
-            sizes = base.sizes[:keep] if base is not None and base.sizes is not None else []
-            toks = base.toks[:keep] if base is not None and base.toks is not None else []
-            total = sizes[-1] if sizes else 0
-            ntok = toks[-1] if toks else 0
-            for m in appended:
-                total += cx.utf8_len(m)
-                sizes.append(total)
-                ntok += approx_message_tokens(orjson.loads(m))
-                toks.append(ntok)
-            n = len(content)
-            content_len = 2 + (sizes[-1] if sizes else 0) + max(n - 1, 0)
-            input_tokens = rec.input_tokens if rec.input_tokens is not None else ntok
-        elif kind is Kind.TEXT:
-            content_len = len(orjson.dumps(content))
-            input_tokens = (
-                rec.input_tokens if rec.input_tokens is not None else approx_text_tokens(content)
+            base_row = self._pick_base(rec, kind)
+            base = self._rows.get(base_row) if base_row is not None else None
+            keep = 0
+            if base is not None and kind is not Kind.RAW and base.depth < MAX_CHAIN:
+                if kind is Kind.BLOCKS and (base.block_size, base.block_ns) != (
+                    rec.block_size,
+                    rec.block_ns,
+                ):
+                    keep = 0
+                else:
+                    keep = cx.common_prefix(base.content, content)
+            if keep == 0:
+                base = None
+                base_row = None
+            appended = content[keep:] if kind is not Kind.RAW else None
+            if kind is Kind.BLOCKS and not all(type(b) is int for b in appended):
+                raise TraceError(f"{rec.request_id}: block ids must be integers")
+            stored_params = (
+                None if base is not None and base.params_text == params_text else params_text
             )
-        elif kind is Kind.BLOCKS:
-            if rec.input_tokens is None or rec.block_size is None:
-                raise TraceError(
-                    f"{rec.request_id}: blocks payload needs input_tokens and block_size"
+
+            sizes: list[int] | None = None
+            toks: list[int] | None = None
+            if kind is Kind.CHAT:
+                # Running totals per message make a row's size O(appended) to compute.
+                sizes = base.sizes[:keep] if base is not None and base.sizes is not None else []
+                toks = base.toks[:keep] if base is not None and base.toks is not None else []
+                total = sizes[-1] if sizes else 0
+                ntok = toks[-1] if toks else 0
+                for m in appended:
+                    total += cx.utf8_len(m)
+                    sizes.append(total)
+                    ntok += approx_message_tokens(orjson.loads(m))
+                    toks.append(ntok)
+                n = len(content)
+                content_len = 2 + (sizes[-1] if sizes else 0) + max(n - 1, 0)
+                input_tokens = rec.input_tokens if rec.input_tokens is not None else ntok
+            elif kind is Kind.TEXT:
+                content_len = len(orjson.dumps(content))
+                input_tokens = (
+                    rec.input_tokens
+                    if rec.input_tokens is not None
+                    else approx_text_tokens(content)
                 )
-            input_tokens = rec.input_tokens
-            fixed = self._prompts.json_len(input_tokens)
-            content_len = (
-                fixed
-                if fixed is not None
-                else len(
-                    self._prompts.json(
-                        content, rec.block_size, input_tokens, rec.request_id, rec.block_ns
+            elif kind is Kind.BLOCKS:
+                if rec.input_tokens is None or rec.block_size is None:
+                    raise TraceError(
+                        f"{rec.request_id}: blocks payload needs input_tokens and block_size"
+                    )
+                input_tokens = rec.input_tokens
+                fixed = self._prompts.json_len(input_tokens)
+                content_len = (
+                    fixed
+                    if fixed is not None
+                    else len(
+                        self._prompts.json(
+                            content, rec.block_size, input_tokens, rec.request_id, rec.block_ns
+                        )
                     )
                 )
+            else:
+                content_len = 4  # params_text already holds the whole body
+                input_tokens = rec.input_tokens if rec.input_tokens is not None else 0
+            body_bytes = (
+                cx.utf8_len(params_text) - 4 + content_len
+                if kind is not Kind.RAW
+                else (cx.utf8_len(params_text))
             )
-        else:
-            content_len = 4  # params_text already holds the whole body
-            input_tokens = rec.input_tokens if rec.input_tokens is not None else 0
-        body_bytes = (
-            cx.utf8_len(params_text) - 4 + content_len
-            if kind is not Kind.RAW
-            else (cx.utf8_len(params_text))
-        )
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # malformed input must not leave the columns uneven or escape as a traceback
+            raise TraceError(f"{rec.request_id}: malformed request: {exc}") from None
 
         c = self._cols
         c["request_id"].append(rec.request_id)

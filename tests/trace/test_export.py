@@ -70,16 +70,24 @@ def test_aiperf_rows(tmp_path):
     rows = [orjson.loads(x) for x in buf.getvalue().splitlines()]
     assert (n, skipped) == (4, ["raw"])
     assert rows == [
-        {"session_id": "s", "timestamp": 0, "messages": bodies[0]["messages"], "output_length": 8},
+        {
+            "session_id": "s",
+            "timestamp": 0,
+            "request_id": "s0",
+            "messages": bodies[0]["messages"],
+            "output_length": 8,
+        },
         {
             "session_id": "s",
             "timestamp": 1.5,
+            "request_id": "s1",
             "messages": bodies[1]["messages"],
             "output_length": 8,
         },
         {
             "session_id": "txt",
             "timestamp": 3,
+            "request_id": "t",
             "text_input": "hi",
             "output_length": 2,
             "extra": {"temperature": 0},
@@ -87,9 +95,37 @@ def test_aiperf_rows(tmp_path):
         {
             "session_id": "blk",
             "timestamp": 2000,
+            "request_id": "b",
             "input_length": 40,
             "hash_ids": [7, 8],
+            "block_size": 16,
             "output_length": 3,
             "extra": {"ignore_eos": True},
         },
     ]
+
+
+def test_aiperf_makes_namespaced_block_ids_globally_unique(tmp_path):
+    def rec(rid, ns, ids):
+        return RequestRecord(
+            request_id=rid,
+            session_id=rid,
+            turn=0,
+            start_us=0,
+            kind=Kind.BLOCKS,
+            params={},
+            content=ids,
+            block_size=4,
+            input_tokens=4 * len(ids),
+            block_ns=ns,
+        )
+
+    t = write(
+        tmp_path / "t.arrow",
+        [rec("a", "x", [1, 2]), rec("b", "y", [1, 2, 3]), rec("c", "x", [1, 2, 9])],
+    )
+    buf = io.BytesIO()
+    export(t, buf, "aiperf")
+    rows = [orjson.loads(x) for x in buf.getvalue().splitlines()]
+    # same local ids in different namespaces part ways; within one they still share
+    assert [r["hash_ids"] for r in rows] == [[0, 1], [2, 3, 4], [0, 1, 5]]

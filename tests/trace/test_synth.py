@@ -35,17 +35,21 @@ def test_shape_and_exact_final_context(tmp_path):
 
 def test_turns_chain_teacher_forced_and_ordered_in_time(tmp_path):
     t = make(tmp_path, sessions=2, turns=5, context=10_000, seed=1)
+    assert t.column("start_us") == sorted(t.column("start_us"))  # written in trace order
     for r in range(len(t)):
-        if t.column("turn")[r] == 0:
+        sid, k = t.column("session_id")[r], t.column("turn")[r]
+        if k == 0:
             continue
-        prev, cur = t.body(r - 1), t.body(r)
-        out = t.outcome(r - 1)
+        p = t.row_of(f"{sid}-t{k - 1:03d}")
+        prev, cur = t.body(p), t.body(r)
+        out = t.outcome(p)
         # turn k = turn k-1 + its recorded reply (a tool call) + the tool's output
         assert cur["messages"][: len(prev["messages"])] == prev["messages"]
         reply, tool = cur["messages"][len(prev["messages"]) :]
         assert reply["tool_calls"] == out["output_tool_calls"]
         assert tool["role"] == "tool" and tool["tool_call_id"] == reply["tool_calls"][0]["id"]
-        assert t.column("start_us")[r] > t.column("end_us")[r - 1]
+        assert t.column("start_us")[r] > t.column("end_us")[p]
+        assert t.column("base")[r] == p  # stored as a delta on the previous turn
 
 
 def test_deterministic_by_seed(tmp_path):
@@ -74,5 +78,6 @@ def test_blocks_payload_shares_the_system_prefix(tmp_path):
     assert {tuple(c[:shared]) for c in contents} == {tuple(range(1, shared + 1))}
     assert all(len(c) == n // 64 for c, n in zip(contents, t.column("input_tokens"), strict=True))
     # a session's turns extend each other
-    assert t.column("base")[1:4] == [0, 1, 2]
-    assert len(t.body(3)["prompt"]) == t.column("input_tokens")[3]
+    rows = [t.row_of(f"synth-00001-t{k:03d}") for k in range(4)]
+    assert [t.column("base")[r] for r in rows[1:]] == rows[:3]
+    assert len(t.body(rows[3])["prompt"]) == t.column("input_tokens")[rows[3]]

@@ -204,3 +204,23 @@ def test_flush_by_rows_writes_batches(tmp_path):
     t = Trace.open(tmp_path / "t.arrow")
     assert t._batch_starts == [0, 3, 6, 9]
     assert len(t) == 10
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [["not json"], [42], [{"role": "assistant", "tool_calls": 5}]],
+    ids=["string", "int", "bad-tool-calls"],
+)
+def test_malformed_chat_is_a_trace_error_and_the_writer_stays_usable(tmp_path, messages):
+    with TraceWriter(tmp_path / "t.arrow", TraceMeta(source="test")) as w:
+        w.add(chat("ok0", "s", 0, [{"role": "user", "content": "x"}]))
+        with pytest.raises(TraceError, match="bad: malformed request"):
+            w.add(chat("bad", "s", 1, messages))
+        w.add(
+            chat(
+                "ok1", "s", 1, [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]
+            )
+        )
+    t = Trace.open(tmp_path / "t.arrow")
+    assert t.column("request_id") == ["ok0", "ok1"]
+    assert t.body(1)["messages"][1] == {"role": "user", "content": "y"}

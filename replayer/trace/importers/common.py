@@ -7,13 +7,14 @@ which message keys OpenAI accepts, how long a recorded reply is
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import orjson
 
@@ -30,7 +31,7 @@ def open_text(path: Path) -> IO[bytes]:
         raise ImportFormatError(f"{path}: cannot open: {exc.strerror}") from None
     if f.peek(2)[:2] == b"\x1f\x8b":
         f.close()  # GzipFile(fileobj=...) would never close it
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))
     return f
 
 
@@ -215,6 +216,17 @@ class SessionClock:
         end = start + round(self.timing.service(output_tokens) * US)
         self._next = end + round(self.timing.think * US)
         return start, end
+
+
+def positive_int(text: str) -> int:
+    """argparse type of options such as ``--block-size``."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
 
 
 INT64 = (-(1 << 63), (1 << 63) - 1)
