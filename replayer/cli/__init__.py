@@ -21,6 +21,8 @@ from replayer.errors import ReplayerError
 # Order here is the order in --help.
 COMMAND_MODULES = (
     "replayer.cli.trace_cmds",
+    "replayer.cli.replay",
+    "replayer.cli.emulate",
     "replayer.cli.demo",
 )
 

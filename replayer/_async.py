@@ -1,0 +1,42 @@
+"""Task spawning that cannot lose tasks.
+
+``asyncio.create_task`` keeps only a weak reference to the task it returns, so
+a fire-and-forget task can be garbage-collected mid-flight, and an unnamed task
+is anonymous in every traceback and ``asyncio.all_tasks()`` dump. ``spawn``
+keeps a strong reference until the task is done and always names it. Ruff's
+TID251 bans the raw call everywhere else (see ``pyproject.toml``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
+_live: set[asyncio.Task[Any]] = set()
+
+
+def _done(task: asyncio.Task[Any]) -> None:
+    _live.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        _log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+
+def spawn(coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+    """Start ``coro`` as a named task that stays referenced until it finishes.
+
+    An exception that escapes the task is logged once, so background work
+    never fails silently."""
+    task = asyncio.create_task(coro, name=name)  # noqa: TID251 - the one sanctioned use
+    _live.add(task)
+    task.add_done_callback(_done)
+    return task
+
+
+def live_tasks() -> frozenset[asyncio.Task[Any]]:
+    """Tasks started by :func:`spawn` that have not finished yet."""
+    return frozenset(_live)

@@ -1,0 +1,302 @@
+"""The aiohttp application: routes, gates and headers of vLLM's API server
+(VLLM.md §1.2).
+
+* ``/health`` and ``/ping``: 200 with an empty body, 503 once the engine is
+  dead; a hung engine still answers 200.
+* ``/v1/models``, ``/version``, ``/load``, ``/metrics``, ``/tokenize`` and
+  ``/detokenize`` never touch the engine, so they answer after death too.
+* Dev endpoints (``/server_info``, ``/reset_prefix_cache``, ...) exist only
+  with ``VLLM_SERVER_DEV_MODE=1``; otherwise FastAPI's ``404 {"detail":"Not
+  Found"}``, like any unknown path (and ``405 {"detail":"Method Not
+  Allowed"}``).
+* ``--api-key`` guards only paths under ``/v1``, ``/v2``, ``/inference`` and
+  ``/cohere``: ``401 {"error":"Unauthorized"}``.
+* Every response says ``server: uvicorn``; ``X-Request-Id`` is echoed with
+  ``--enable-request-id-headers``.
+
+:func:`create_app` is usable in-process (tests); :mod:`.server` runs it as
+a process. Generation lives in :mod:`.generate`.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+
+from replayer.emulator import tokenizer
+from replayer.emulator.config import EmulatorConfig
+from replayer.emulator.generate import (
+    GENERATION_PATHS,
+    RUNTIME,
+    chat_completions,
+    completions,
+    json_response,
+    log_rejected,
+)
+from replayer.emulator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from replayer.emulator.parsing import ApiError, parse_json_body
+from replayer.emulator.runtime import Runtime
+from replayer.emulator.wire import models_body
+
+GUARDED = ("/v1", "/v2", "/inference", "/cohere")
+MAX_BODY = 1 << 30
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    key = rt.cfg.api_key
+    if (
+        key
+        and request.method != "OPTIONS"
+        and request.path.startswith(GUARDED)
+        and request.headers.get("Authorization") != f"Bearer {key}"
+    ):
+        if request.path in GENERATION_PATHS and request.method == "POST":
+            await log_rejected(request, rt, 401, "Unauthorized")
+        return json_response(b'{"error":"Unauthorized"}', 401)
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return json_response(b'{"detail":"Not Found"}', 404)
+    except web.HTTPMethodNotAllowed:
+        return json_response(b'{"detail":"Method Not Allowed"}', 405)
+
+
+async def _headers(request: web.Request, response: StreamResponse) -> None:
+    response.headers["server"] = "uvicorn"
+    if request.app[RUNTIME].cfg.enable_request_id_headers:
+        rid = request.headers.get("X-Request-Id")
+        if rid:
+            response.headers["X-Request-Id"] = rid
+
+
+class AccessLog(AbstractAccessLogger):
+    """uvicorn's access line: ``127.0.0.1:50712 - "POST /v1/... HTTP/1.1" 200 OK``."""
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        if not isinstance(request, web.Request):
+            return
+        rt = request.app[RUNTIME]
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "-"
+        v = f"{request.version.major}.{request.version.minor}"
+        rt.log.access(where, request.method, request.path_qs, v, response.status, response.reason)
+
+
+# -- control endpoints --------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=503 if request.app[RUNTIME].engine.dead else 200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response(orjson.dumps({"version": request.app[RUNTIME].cfg.vllm_version}))
+
+
+async def load(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    n = rt.inflight if rt.cfg.enable_server_load_tracking else 0
+    return json_response(orjson.dumps({"server_load": n}))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[RUNTIME].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def models(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    c = rt.cfg
+    return json_response(
+        models_body(c.served_model_names, c.model, c.max_model_len, rt.created, rt.perm_id)
+    )
+
+
+def _check_model(rt: Runtime, body: dict[str, Any]) -> None:
+    model = body.get("model")
+    if model and model not in rt.cfg.served_model_names:
+        names = ", ".join(rt.cfg.served_model_names)
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist. Valid aliases: {names}.",
+            "NotFoundError",
+            "model",
+        )
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    try:
+        body = parse_json_body(await request.read(), request.headers.get("Content-Type"))
+        _check_model(rt, body)
+        if isinstance(body.get("messages"), list):
+            stream = tokenizer.chat_stream(m for m in body["messages"] if isinstance(m, dict))
+        elif isinstance(body.get("prompt"), str):
+            stream = tokenizer.text_stream(body["prompt"])
+        elif isinstance(body.get("prompt"), list):
+            stream = tokenizer.ids_stream([int(t) for t in body["prompt"]])
+        else:
+            raise ApiError(400, "Either prompt or messages must be provided.", "BadRequestError")
+    except ApiError as exc:
+        return json_response(exc.body(rt.cfg.profile), exc.status)
+    except (TypeError, ValueError, OverflowError) as exc:
+        return json_response(ApiError(400, str(exc), "BadRequestError").body(rt.cfg.profile), 400)
+    ids = tokenizer.token_ids(stream)
+    out = {
+        "count": len(ids),
+        "max_model_len": rt.cfg.max_model_len,
+        "tokens": ids,
+        "token_strs": None,
+    }
+    return json_response(orjson.dumps(out))
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    try:
+        body = parse_json_body(await request.read(), request.headers.get("Content-Type"))
+        _check_model(rt, body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
+            raise ApiError(400, "tokens must be a list of non-negative integers", "Bad Request")
+    except ApiError as exc:
+        return json_response(exc.body(rt.cfg.profile), exc.status)
+    return json_response(orjson.dumps({"prompt": tokenizer.detokenize(tokens)}))
+
+
+# -- dev mode -----------------------------------------------------------------------------
+
+
+async def server_info(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    cfg = rt.cfg
+    conf: Any = rt.log.config_text()
+    if request.query.get("config_format") == "json":
+        conf = {k: str(v) for k, v in _config_items(cfg)}
+    system_env = {
+        "torch_version": "2.10.0",
+        "is_debug_build": "False",
+        "cuda_runtime_version": None if cfg.platform == "rocm" else "13.0.88",
+        "hip_runtime_version": "7.0.51831" if cfg.platform == "rocm" else None,
+        "gpu_models_and_configuration": "AMD Instinct MI355X"
+        if cfg.platform == "rocm"
+        else "NVIDIA B300",
+        "os": platform.platform(),
+        "python_version": sys.version.split()[0],
+        "vllm_version": cfg.vllm_version,
+        "emulated": True,
+    }
+    body = {"vllm_config": conf, "vllm_env": dict(cfg.env), "system_env": system_env}
+    return json_response(orjson.dumps(body))
+
+
+def _config_items(cfg: EmulatorConfig) -> list[tuple[str, object]]:
+    keep = (
+        "model",
+        "served_model_names",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "num_gpu_blocks",
+        "enable_prefix_caching",
+        "tensor_parallel_size",
+        "kv_cache_dtype",
+        "gpu_memory_utilization",
+        "seed",
+    )
+    return [(k, getattr(cfg, k)) for k in keep]
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    ok = request.app[RUNTIME].engine.reset_prefix_cache()
+    return json_response(orjson.dumps({"success": ok}))
+
+
+async def empty_ok(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    return json_response(b'{"is_sleeping":false}')
+
+
+async def sleep(request: web.Request) -> web.Response:
+    level = int(request.query.get("level", "1"))
+    return json_response(orjson.dumps({"status": "sleeping", "level": level}))
+
+
+async def wake_up(request: web.Request) -> web.Response:
+    return json_response(b'{"status":"awake","tags":null}')
+
+
+# -- factory ------------------------------------------------------------------------------
+
+
+def create_app(cfg: EmulatorConfig, runtime: Runtime | None = None) -> web.Application:
+    """The emulator as an aiohttp app. Without ``runtime`` faults that would
+    end the process are only recorded (``runtime.exited``/``killed``).
+
+    Usage::
+
+        app = create_app(EmulatorConfig(speed=0))
+        # aiohttp.test_utils.TestServer(app) or web.AppRunner(app)
+    """
+    rt = runtime if runtime is not None else Runtime(cfg)
+    app = web.Application(middlewares=[_gate], client_max_size=MAX_BODY)
+    app[RUNTIME] = rt
+    r = app.router
+    r.add_get("/health", health, allow_head=False)
+    r.add_get("/ping", health, allow_head=False)
+    r.add_post("/ping", health)
+    r.add_get("/version", version, allow_head=False)
+    r.add_get("/load", load, allow_head=False)
+    r.add_get("/metrics", metrics, allow_head=False)
+    r.add_get("/v1/models", models, allow_head=False)
+    r.add_post("/tokenize", tokenize)
+    r.add_post("/detokenize", detokenize)
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/v1/completions", completions)
+    if cfg.dev_mode:
+        r.add_get("/server_info", server_info, allow_head=False)
+        r.add_post("/reset_prefix_cache", reset_prefix_cache)
+        r.add_post("/reset_mm_cache", empty_ok)
+        r.add_post("/reset_encoder_cache", empty_ok)
+        r.add_post("/sleep", sleep)
+        r.add_post("/wake_up", wake_up)
+        r.add_get("/is_sleeping", is_sleeping, allow_head=False)
+    app.on_response_prepare.append(_headers)
+
+    async def _start(_: web.Application) -> None:
+        await rt.start()
+
+    async def _stop(_: web.Application) -> None:
+        await rt.stop()
+
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app
+
+
+def routes(app: web.Application) -> list[tuple[str, str]]:
+    """``(path, "GET, POST")`` pairs, for the ready log."""
+    by_path: dict[str, list[str]] = {}
+    for route in app.router.routes():
+        info = route.resource.canonical if route.resource is not None else "?"
+        by_path.setdefault(info, []).append(route.method)
+    return [(p, ", ".join(sorted(m))) for p, m in by_path.items()]

@@ -1,0 +1,94 @@
+"""Fault effects: what each failure mode does to the engine, the log and the
+process (VLLM.md §2, §7.4).
+
+* ``exit``/``dead``: the crash report (GPU error, scheduler dump, EngineCore
+  traceback, ``AsyncLLM output_handler failed``), then engine death: every
+  in-flight request gets the dead-engine error, ``/health`` turns 503. For
+  ``exit`` the shutdown follows ``after`` seconds later, or at once when a
+  non-streaming request meets the dead engine (vLLM's
+  ``terminate_if_errored``), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``.
+* ``hang``: the engine stops stepping; the shm-broadcast warning repeats;
+  optionally an RPC-timeout crash later.
+* ``cut``: streams lose their connection mid-body; ``kill=1`` kills the process.
+* ``slow``: the step-time multiplier and per-step delay.
+* ``error``: one request fails with the per-request internal error.
+
+Effects are applied by the engine loop; this module must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from replayer._async import spawn
+from replayer.emulator.faults import FaultRule
+from replayer.emulator.logs import BatchDump
+
+if TYPE_CHECKING:
+    from replayer.emulator.request import Request
+    from replayer.emulator.runtime import Runtime
+
+
+class Effects:
+    """The server's :class:`~replayer.emulator.engine.EffectSink`."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def apply(self, rule: FaultRule, target: Request | None, dump: BatchDump) -> None:
+        rt = self.rt
+        if rule.effect in ("exit", "dead"):
+            code = int(rule.num("code")) if rule.effect == "exit" else None
+            after = rule.num("after") if rule.effect == "exit" else 0.0
+            self.crash(rule.text("gpu"), dump, code, after)
+        elif rule.effect == "hang":
+            rt.engine.hang()
+            self._tasks.append(spawn(self._hang_warnings(rule.num("warn_every")), name="hang"))
+            timeout = rule.opt_num("timeout")
+            if timeout is not None:
+                code = int(rule.num("code"))
+                asyncio.get_running_loop().call_later(timeout, self._hang_timeout, code)
+        elif rule.effect == "cut":
+            rt.engine.cut(target if rule.text("scope") == "request" else None)
+            if rule.num("kill"):
+                rt.kill()
+        elif rule.effect == "slow":
+            rt.engine.slow_down(rule.num("factor"), rule.num("add"), rule.opt_num("duration"))
+        elif rule.effect == "error" and target is not None:
+            rt.log.request_failed(target.engine_id)
+            rt.engine.fail(target)
+
+    def crash(
+        self,
+        gpu: str | None,
+        dump: BatchDump,
+        exit_code: int | None,
+        after: float,
+        *,
+        timeout: bool = False,
+    ) -> None:
+        rt = self.rt
+        if rt.engine.dead:
+            return
+        flavour = gpu if gpu else ("hsa" if rt.cfg.platform == "rocm" else "cuda")
+        rt.log.crash(flavour, dump, timeout=timeout)
+        rt.engine.die()
+        if exit_code is not None and not rt.cfg.keep_alive_on_engine_death:
+            rt.schedule_exit(exit_code, after)
+
+    def _hang_timeout(self, code: int) -> None:
+        self.crash(None, self.rt.engine.dump(), code, 0.0, timeout=True)
+
+    async def _hang_warnings(self, every: float) -> None:
+        engine = self.rt.engine
+        while engine.hung and not engine.dead:
+            await asyncio.sleep(every)
+            if engine.hung and not engine.dead:
+                self.rt.log.hang_warning(every)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

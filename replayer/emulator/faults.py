@@ -1,0 +1,430 @@
+"""Fault rules: parsing ``--fault`` specs and fault files, and deciding when a
+rule fires.
+
+A rule is *effect + trigger*. The trigger is a conjunction of conditions over
+what the engine sees, a probability and a delay::
+
+    EFFECT [PARAM=VALUE ...] [when COND [and COND ...]] [p=P] [delay=S] [times=N] [name=ID]
+
+(effect parameters and the rule options may also follow the conditions)
+
+    exit code=1 when prompt_tokens>=200000 and cached_tokens>=4096
+    hang when running>=4 p=0.25 delay=2
+    error when request>=3 times=0 p=0.1
+
+Conditions are ``VAR OP NUMBER`` (``OP`` in ``>= > <= < = == !=``; spaces
+around it are allowed). Variables, all measured when the engine receives a
+request (or, for ``preemption``, when it preempts one):
+
+=================  ============================================================
+``request``        the request's arrival number at the engine (1-based)
+``prompt_tokens``  its prompt length in tokens
+``cached_tokens``  its prefix-cache hit in tokens
+``running``        sequences in the running batch when it arrived
+``waiting``        requests in the waiting queue when it arrived
+``kv_usage``       KV-cache usage (0..1) when it arrived
+``session``        ordinal of its session among distinct sessions seen (0: none)
+``turn``           its ordinal within its session (0: no session)
+``preemption``     cumulative preemptions; makes the rule fire on preemptions
+=================  ============================================================
+
+A rule without ``when`` holds on every request. Each time a rule's conditions
+hold it draws ``U[0,1)`` from its own generator (seeded by ``--seed`` and its
+position) and fires if the draw is below ``p``; ``times`` bounds how often it
+fires (default 1, 0 = unbounded). The effect starts ``delay`` seconds later, at
+the engine's next step.
+
+Effects and their parameters (defaults in brackets):
+
+* ``exit``  [code=0 gpu=<platform> after=1]: EngineCore crash log, engine dead,
+  then vLLM's shutdown and ``exit(code)`` ``after`` seconds later (sooner if a
+  non-streaming request hits the dead engine). ``gpu`` is ``hsa`` (ROCm hard
+  fault), ``hip`` (Triton HIP error) or ``cuda``.
+* ``dead``  [gpu]: as ``exit`` but the API stays up (``/health`` 503 forever).
+* ``hang``  [warn_every=60 timeout=none code=0]: no more tokens, ``/health``
+  200; after ``timeout`` s it becomes an ``exit`` with the RPC-timeout error.
+* ``cut``   [scope=all kill=0]: open streams (``all``, or just the triggering
+  ``request``) are cut mid-body, no ``[DONE]``; ``kill=1`` then SIGKILLs the
+  process.
+* ``slow``  [factor=10 add=0 duration=none]: step times x ``factor`` plus
+  ``add`` seconds per step (``add`` applies even with ``--speed instant``).
+* ``error`` : the triggering request fails with vLLM's per-request internal error.
+
+Fault files hold the same rules as JSON (a list, or ``{"faults": [...]}``) or
+TOML (``[[fault]]`` tables); each entry is either ``{"spec": "..."}`` or
+``{"effect": ..., "when": "..." | [...], "p": ..., "delay": ..., "times": ...,
+"name": ..., <effect params>}``.
+
+This module decides *whether* a rule fires; applying effects is the engine's
+and the server's job.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import random
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replayer.errors import UsageError
+
+VARIABLES = (
+    "request",
+    "prompt_tokens",
+    "cached_tokens",
+    "running",
+    "waiting",
+    "kv_usage",
+    "session",
+    "turn",
+    "preemption",
+)
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    ">": operator.gt,
+    "<=": operator.le,
+    "<": operator.lt,
+    "=": operator.eq,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+_OP_RE = r"(>=|<=|==|!=|=|>|<)"
+_RULE_KEYS = ("p", "probability", "delay", "times", "name")
+GPU_FLAVOURS = ("hsa", "hip", "cuda")
+
+
+def _bool(v: str) -> bool:
+    if v.lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {v!r}")
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        if v not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {v!r}")
+        return v
+
+    return parse
+
+
+# effect -> parameter -> (parser, default)
+EFFECTS: dict[str, dict[str, tuple[Callable[[str], object], object]]] = {
+    "exit": {"code": (int, 0), "gpu": (_choice(*GPU_FLAVOURS), None), "after": (float, 1.0)},
+    "dead": {"gpu": (_choice(*GPU_FLAVOURS), None)},
+    "hang": {"warn_every": (float, 60.0), "timeout": (float, None), "code": (int, 0)},
+    "cut": {"scope": (_choice("all", "request"), "all"), "kill": (_bool, False)},
+    "slow": {"factor": (float, 10.0), "add": (float, 0.0), "duration": (float, None)},
+    "error": {},
+}
+
+
+class FaultSpecError(UsageError):
+    """A ``--fault`` spec or fault file that cannot be parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """``var op value``."""
+
+    var: str
+    op: str
+    value: float
+
+    def holds(self, values: Mapping[str, float]) -> bool:
+        return _OPS[self.op](values[self.var], self.value)
+
+    def __str__(self) -> str:
+        return f"{self.var}{self.op}{self.value:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRule:
+    """One parsed rule (see the module docstring for the grammar)."""
+
+    name: str
+    """Id in the request log; ``fault<N>`` unless given."""
+    effect: str
+    """One of :data:`EFFECTS`."""
+    params: Mapping[str, object] = field(default_factory=dict)
+    """Effect parameters with defaults filled in."""
+    conditions: tuple[Condition, ...] = ()
+    """All must hold (``and``)."""
+    probability: float = 1.0
+    """Chance of firing each time the conditions hold."""
+    delay: float = 0.0
+    """Seconds from the decision to the effect."""
+    times: int = 1
+    """How often the rule may fire; 0 = unbounded."""
+
+    @property
+    def event(self) -> str:
+        """``preemption`` if a condition is about preemptions, else ``request``."""
+        return "preemption" if any(c.var == "preemption" for c in self.conditions) else "request"
+
+    @property
+    def when(self) -> str:
+        return " and ".join(map(str, self.conditions)) or "always"
+
+    def num(self, key: str) -> float:
+        """A numeric (or boolean) parameter."""
+        value = self.params[key]
+        if not isinstance(value, int | float):
+            raise TypeError(f"{self.name}: parameter {key} is not a number")
+        return float(value)
+
+    def opt_num(self, key: str) -> float | None:
+        return None if self.params.get(key) is None else self.num(key)
+
+    def text(self, key: str) -> str | None:
+        value = self.params.get(key)
+        return None if value is None else str(value)
+
+
+def _fail(where: str, msg: str) -> FaultSpecError:
+    return FaultSpecError(f"bad fault {where}: {msg}")
+
+
+def _condition(text: str, where: str) -> Condition:
+    m = re.fullmatch(rf"([a-z_]+){_OP_RE}(-?[0-9.]+(?:e-?[0-9]+)?)", text)
+    if not m:
+        raise _fail(where, f"cannot parse condition {text!r} (expected VAR>=NUMBER)")
+    var, op, num = m.groups()
+    if var not in VARIABLES:
+        raise _fail(where, f"unknown variable {var!r}; have {', '.join(VARIABLES)}")
+    try:
+        value = float(num)
+    except ValueError:
+        raise _fail(where, f"not a number in {text!r}") from None
+    return Condition(var, op, value)
+
+
+def _build(
+    where: str,
+    effect: str,
+    raw_params: Mapping[str, str],
+    conditions: Sequence[Condition],
+    options: Mapping[str, str],
+    index: int,
+) -> FaultRule:
+    if effect not in EFFECTS:
+        raise _fail(where, f"unknown effect {effect!r}; have {', '.join(EFFECTS)}")
+    spec = EFFECTS[effect]
+    params: dict[str, object] = {k: default for k, (_, default) in spec.items()}
+    for key, value in raw_params.items():
+        if key not in spec:
+            have = ", ".join(spec) or "none"
+            raise _fail(where, f"unknown parameter {key!r} for {effect} (have {have})")
+        try:
+            params[key] = spec[key][0](value)
+        except ValueError as exc:
+            raise _fail(where, f"{key}: {exc}") from None
+    try:
+        p = float(options.get("p", options.get("probability", "1")))
+        delay = float(options.get("delay", "0"))
+        times = int(options.get("times", "1"))
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
+    if not 0 <= p <= 1:
+        raise _fail(where, "p must be in [0, 1]")
+    if delay < 0 or times < 0:
+        raise _fail(where, "delay and times must be >= 0")
+    return FaultRule(
+        name=options.get("name", f"fault{index}"),
+        effect=effect,
+        params=params,
+        conditions=tuple(conditions),
+        probability=p,
+        delay=delay,
+        times=times,
+    )
+
+
+def parse_spec(text: str, index: int = 0) -> FaultRule:
+    """Parse one ``--fault`` string."""
+    where = f"spec {text!r}"
+    words = re.sub(rf"\s*{_OP_RE}\s*", r"\1", text.strip()).split()
+    if not words:
+        raise _fail(where, "empty")
+    effect = words[0].lower()
+    params: dict[str, str] = {}
+    options: dict[str, str] = {}
+    conditions: list[Condition] = []
+    in_when = False
+    want_cond = False
+    for word in words[1:]:
+        low = word.lower()
+        if low == "when":
+            if in_when:
+                raise _fail(where, "'when' appears twice")
+            in_when = want_cond = True
+            continue
+        if low == "and":
+            if not in_when or want_cond:
+                raise _fail(where, "'and' must join two conditions")
+            want_cond = True
+            continue
+        key, sep, value = word.partition("=")
+        if sep and key.lower() in _RULE_KEYS and not value.startswith("="):
+            options["p" if key.lower() == "probability" else key.lower()] = value
+            continue
+        if sep and key.lower() in EFFECTS.get(effect, {}) and not value.startswith("="):
+            params[key.lower()] = value  # effect parameters may follow the conditions
+            continue
+        if in_when:
+            if not want_cond:
+                raise _fail(where, f"expected 'and' before {word!r}")
+            if low == "always":
+                want_cond = False
+                continue
+            conditions.append(_condition(low, where))
+            want_cond = False
+            continue
+        if not sep:
+            raise _fail(where, f"expected PARAM=VALUE or 'when', got {word!r}")
+        params[key.lower()] = value
+    if in_when and want_cond:
+        raise _fail(where, "a condition must follow 'when'/'and'")
+    return _build(where, effect, params, conditions, options, index)
+
+
+def parse_mapping(entry: object, index: int, where: str) -> FaultRule:
+    """Parse one entry of a fault file."""
+    if not isinstance(entry, Mapping):
+        raise _fail(where, "each fault must be a table/object")
+    if "spec" in entry:
+        rule = parse_spec(str(entry["spec"]), index)
+        return rule if "name" not in entry else _renamed(rule, str(entry["name"]))
+    data = dict(entry)
+    effect = str(data.pop("effect", "")).lower()
+    if not effect:
+        raise _fail(where, "missing 'effect'")
+    when = data.pop("when", [])
+    clauses = [when] if isinstance(when, str) else list(when) if isinstance(when, list) else None
+    if clauses is None:
+        raise _fail(where, "'when' must be a string or a list of strings")
+    conds: list[Condition] = []
+    for clause in clauses:
+        for part in re.split(r"\s+and\s+", str(clause).strip()):
+            part = re.sub(rf"\s*{_OP_RE}\s*", r"\1", part).lower()
+            if part and part != "always":
+                conds.append(_condition(part, where))
+    options = {k: _text(data.pop(k)) for k in _RULE_KEYS if k in data}
+    if "probability" in options:
+        options["p"] = options.pop("probability")
+    nested = data.pop("params", {})
+    if not isinstance(nested, Mapping):
+        raise _fail(where, "'params' must be a table/object")
+    params = {str(k): _text(v) for k, v in {**nested, **data}.items()}
+    return _build(where, effect, params, conds, options, index)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _renamed(rule: FaultRule, name: str) -> FaultRule:
+    return FaultRule(
+        name, rule.effect, rule.params, rule.conditions, rule.probability, rule.delay, rule.times
+    )
+
+
+def load_file(path: Path, first_index: int = 0) -> list[FaultRule]:
+    """Rules from a JSON or TOML file (chosen by suffix; JSON is tried first
+    for other suffixes)."""
+    where = f"file {path}"
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise _fail(where, exc.strerror or str(exc)) from None
+    data: object
+    try:
+        if path.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                data = tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise _fail(where, f"not JSON or TOML ({exc})") from None
+    if isinstance(data, Mapping):
+        data = data.get("faults", data.get("fault", []))
+    if not isinstance(data, list):
+        raise _fail(where, "expected a list of faults, {'faults': [...]} or [[fault]] tables")
+    return [parse_mapping(e, first_index + i, f"{where}[{i}]") for i, e in enumerate(data)]
+
+
+def load_rules(specs: Sequence[str], files: Sequence[Path] = ()) -> list[FaultRule]:
+    """Specs first, then files; rules are numbered in that order."""
+    rules = [parse_spec(s, i) for i, s in enumerate(specs)]
+    for path in files:
+        rules.extend(load_file(path, len(rules)))
+    names = [r.name for r in rules]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise FaultSpecError(f"bad fault rules: duplicate name(s) {', '.join(sorted(dup))}")
+    return rules
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One evaluation of one rule at one event (a request-log line)."""
+
+    index: int
+    rule: FaultRule
+    holds: bool
+    """Whether every condition held."""
+    draw: float | None
+    """The random draw, made only when the conditions held and p < 1."""
+    fired: bool
+    values: dict[str, float]
+    """The values of the variables the rule's conditions name."""
+
+
+class FaultPlan:
+    """The rules plus their mutable state (fire counts, random generators).
+
+    Usage::
+
+        plan = FaultPlan(load_rules(["exit when request=3"]), seed=0)
+        for d in plan.evaluate("request", values):
+            if d.fired: ...
+    """
+
+    def __init__(self, rules: Sequence[FaultRule], seed: int = 0) -> None:
+        self.rules = list(rules)
+        self._rngs = [random.Random(f"{seed}:{i}:{r.name}") for i, r in enumerate(self.rules)]
+        self._fired = [0] * len(self.rules)
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def fired(self, index: int) -> int:
+        return self._fired[index]
+
+    def evaluate(self, event: str, values: Mapping[str, float]) -> list[Decision]:
+        """Evaluate every live rule that listens to ``event``."""
+        out: list[Decision] = []
+        for i, rule in enumerate(self.rules):
+            if rule.event != event or (rule.times and self._fired[i] >= rule.times):
+                continue
+            holds = all(c.holds(values) for c in rule.conditions)
+            draw: float | None = None
+            fired = holds
+            if holds and rule.probability < 1:
+                draw = self._rngs[i].random()
+                fired = draw < rule.probability
+            if fired:
+                self._fired[i] += 1
+            seen = {c.var: values[c.var] for c in rule.conditions}
+            out.append(Decision(i, rule, holds, draw, fired, seen))
+        return out

@@ -1,0 +1,246 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+A request is validated (:mod:`.parsing`), handed to the engine, then either
+streamed as SSE - one chunk per engine output, several tokens merged when the
+client reads slower than the engine produces, as vLLM's output collector
+merges them - or answered as one JSON body. Engine death, per-request errors
+and cuts arrive through the same output channel and are rendered per VLLM.md
+§2.2-2.3. A client that disconnects aborts its request
+(``finished_reason="abort"``).
+
+Every request is logged to the request log exactly once: by the engine when
+it is admitted, or here when it is rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from replayer.emulator import tokenizer
+from replayer.emulator.parsing import (
+    ApiError,
+    Generation,
+    check_limits,
+    parse_generation,
+    parse_json_body,
+)
+from replayer.emulator.request import DEAD, INTERNAL, Output, Request
+from replayer.emulator.runtime import Runtime
+from replayer.emulator.wire import (
+    DONE,
+    INTERNAL_MESSAGE,
+    JSON_CONTENT_TYPE,
+    SSE_CONTENT_TYPE,
+    StreamShape,
+    chat_body,
+    completion_body,
+    dead_body,
+    error_body,
+    error_event,
+    filler,
+)
+
+RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
+SESSION_HEADERS = ("X-Session-Id", "X-Session-Affinity", "X-Correlation-ID")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+def json_response(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=JSON_CONTENT_TYPE)
+
+
+def session_of(headers: Any) -> str | None:
+    for h in SESSION_HEADERS:
+        v = headers.get(h)
+        if v:
+            return str(v)
+    return None
+
+
+def _body_fields(raw: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = {"body_bytes": len(raw), "body_sha256": hashlib.sha256(raw).hexdigest()}
+    try:
+        out["body"] = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        out["body_text"] = raw.decode(errors="replace")
+    return out
+
+
+async def log_rejected(request: web.Request, rt: Runtime, status: int, error: str) -> None:
+    """Log a generation request turned away before parsing (401)."""
+    fields: dict[str, Any] = {
+        "seq": rt.next_seq(),
+        "request_id": request.headers.get("X-Request-Id"),
+        "path": request.path,
+    }
+    if rt.cfg.log_bodies:
+        fields.update(_body_fields(await request.read()))
+    rt.reqlog.write("request", **fields, n=None, status=status, error=error)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    cfg = rt.cfg
+    raw = await request.read()
+    xrid = request.headers.get("X-Request-Id")
+    fields: dict[str, Any] = {"seq": rt.next_seq(), "request_id": xrid, "path": request.path}
+    if cfg.log_bodies:
+        fields.update(_body_fields(raw))
+    try:
+        body = parse_json_body(raw, request.headers.get("Content-Type"))
+        fields["model"] = body.get("model") if isinstance(body.get("model"), str) else None
+        fields["stream"] = bool(body.get("stream"))
+        g = parse_generation(body, chat, cfg)
+        fields["model"], fields["stream"] = g.model, g.stream
+        if g.model not in cfg.served_model_names:
+            names = ", ".join(cfg.served_model_names)
+            tail = f" Valid aliases: {names}." if cfg.profile == "0.33" else ""
+            raise ApiError(
+                404, f"The model `{g.model}` does not exist.{tail}", "NotFoundError", "model"
+            )
+        if rt.engine.dead:
+            rt.reqlog.write("request", **fields, n=None, status=500, error="engine dead")
+            rt.dead_engine_hit()
+            return json_response(dead_body(cfg.profile), 500)
+        n_out, reason = check_limits(g, cfg)
+    except ApiError as exc:
+        rt.reqlog.write("request", **fields, n=None, status=exc.status, error=exc.message)
+        return json_response(exc.body(cfg.profile), exc.status)
+
+    base = f"{'chatcmpl' if chat else 'cmpl'}-{xrid if xrid else rt.hex(16)}"
+    hashes = (
+        tokenizer.block_hashes(g.stream_bytes, cfg.block_size) if cfg.enable_prefix_caching else []
+    )
+    req = rt.engine.add(
+        engine_id=f"{base}-{rt.hex(8)}",
+        prompt_len=g.prompt_len,
+        hashes=hashes,
+        max_tokens=n_out,
+        length_reason=reason,
+        params_max_tokens=g.requested_max_tokens or n_out,
+        session=session_of(request.headers),
+        log_fields=fields,
+    )
+    rt.inflight += 1
+    try:
+        if g.stream:
+            return await _stream(request, rt, g, req, base)
+        return await _unary(request, rt, g, req, base)
+    finally:
+        rt.inflight -= 1
+        if req.error is None and req.finish is None:
+            rt.engine.abort(req)
+
+
+def _cut(request: web.Request) -> None:
+    """Drop the connection: what was written is flushed, the body never ends."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def _unary(
+    request: web.Request, rt: Runtime, g: Generation, req: Request, base: str
+) -> web.StreamResponse:
+    cfg = rt.cfg
+    while True:
+        out = await req.next()
+        if out.error == DEAD:
+            rt.dead_engine_hit()
+            return json_response(dead_body(cfg.profile), 500)
+        if out.error == INTERNAL:
+            msg = error_body(cfg.profile, INTERNAL_MESSAGE, "InternalServerError", None, 500)
+            return json_response(msg, 500)
+        if out.cut:
+            _cut(request)
+            return json_response(b"", 500)  # never reaches the wire
+        if out.finish is not None:
+            break
+    cached = req.num_cached if cfg.enable_prompt_tokens_details else None
+    build = chat_body if g.chat else completion_body
+    body = build(
+        base,
+        int(time.time()),
+        g.model,
+        filler(req.text_seed, 0, req.num_output),
+        out.finish,
+        cfg.system_fingerprint,
+        req.prompt_len,
+        req.num_output,
+        cached,
+    )
+    return json_response(body)
+
+
+async def _stream(
+    request: web.Request, rt: Runtime, g: Generation, req: Request, base: str
+) -> web.StreamResponse:
+    cfg = rt.cfg
+    shape = StreamShape(
+        chat=g.chat,
+        id=base,
+        created=int(time.time()),
+        model=g.model,
+        fingerprint=cfg.system_fingerprint,
+        include_usage=g.include_usage,
+        continuous=g.continuous_usage,
+        prompt_tokens=req.prompt_len,
+        cached=req.num_cached if cfg.enable_prompt_tokens_details else None,
+    )
+    resp = web.StreamResponse(headers={"Content-Type": SSE_CONTENT_TYPE})
+    try:
+        await resp.prepare(request)
+        await _pump(request, rt, g, req, shape, resp)
+    except ConnectionError:
+        pass  # the client went away; the caller aborts the request
+    return resp
+
+
+async def _pump(
+    request: web.Request,
+    rt: Runtime,
+    g: Generation,
+    req: Request,
+    shape: StreamShape,
+    resp: web.StreamResponse,
+) -> None:
+    cfg = rt.cfg
+    role_sent = not g.chat
+    while True:
+        out: Output = await req.next()
+        if out.error is not None:
+            if out.error == DEAD:
+                rt.log.stream_error(g.chat)
+            await resp.write(error_event(cfg.profile, g.chat, out.error) + DONE)
+            break
+        parts: list[bytes] = []
+        if out.tokens:
+            if not role_sent:
+                parts.append(shape.role())
+                role_sent = True
+            text = filler(req.text_seed, out.start, out.tokens)
+            parts.append(shape.delta(text, out.start + out.tokens, out.finish))
+        if out.finish is not None and not out.cut:
+            if shape.include_usage:
+                parts.append(shape.usage(req.num_output))
+            parts.append(DONE)
+        if parts:
+            await resp.write(b"".join(parts))
+        if out.cut:
+            _cut(request)
+            return
+        if out.finish is not None:
+            break
+    await resp.write_eof()

@@ -1,0 +1,370 @@
+"""Request validation with vLLM's status codes and messages (VLLM.md §4).
+
+The order of checks follows vLLM 0.33's request path: JSON decoding (FastAPI
+parses the body when the content type is JSON or missing), then the
+``Content-Type`` dependency, then pydantic field validation, then the model
+check, then the engine-dead preflight (done by the caller), then token
+limits. FastAPI/pydantic errors are rendered the way vLLM's
+``validation_exception_handler`` renders them::
+
+    1 validation error:
+      {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required',
+      'input': '<dict of 1 items>'}     (one line on the wire)
+
+with ``type: "Bad Request"`` and ``param`` = the first error's location. Only
+the fields replay traffic uses are type-checked; unknown fields are ignored,
+as vLLM ignores removed legacy fields.
+
+Output length: ``max_completion_tokens`` (chat) or ``max_tokens`` if given,
+clamped to the context left (0.33) - ``finish_reason: length``. Without it,
+the answer ends "naturally" (``stop``) after ``--default-max-tokens``;
+``--eos-after N`` sets a natural length even when ``max_tokens`` is given, and
+``ignore_eos`` removes the natural end (vLLM's length check wins a tie).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from replayer.emulator import tokenizer
+from replayer.emulator.config import EmulatorConfig
+from replayer.emulator.wire import error_body
+
+_JSON_TYPES = ("application/json",)
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+MAX_ID = (1 << 64) - 1
+
+
+class ApiError(Exception):
+    """An error response: status, vLLM message, type and param."""
+
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+
+    def body(self, profile: str) -> bytes:
+        return error_body(profile, self.message, self.type, self.param, self.status)
+
+
+def bad_request(message: str, param: str | None = None, value: object = None) -> ApiError:
+    """``VLLMValidationError``: the parameter (and value) are appended to the message."""
+    if param is not None:
+        tail = f"parameter={param}" + ("" if value is None else f", value={value}")
+        message = f"{message} ({tail})"
+    return ApiError(400, message, "BadRequestError", param)
+
+
+def _summary(value: object) -> str:
+    if isinstance(value, dict):
+        return f"<dict of {len(value)} items>"
+    if isinstance(value, list):
+        return f"<list of {len(value)} items>"
+    return str(value)[:200]
+
+
+def validation_error(errors: list[dict[str, Any] | str]) -> ApiError:
+    n = len(errors)
+    lines = [(str(e) if isinstance(e, dict) else e)[:1000] for e in errors[:10]]
+    if n > 10:
+        lines.append(f"...and {n - 10} more errors")
+    head = f"{n} validation error{'s' if n != 1 else ''}:"
+    first = errors[0]
+    param = first["loc"] if isinstance(first, dict) else None
+    return ApiError(400, head + "\n  " + "\n  ".join(lines), "Bad Request", param)
+
+
+def _err(type_: str, loc: str, msg: str, value: object) -> dict[str, Any]:
+    return {"type": type_, "loc": loc, "msg": msg, "input": _summary(value)}
+
+
+def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
+    """Decode and shape-check a JSON request body."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    body: Any = None
+    if raw and (not content_type or media in _JSON_TYPES or media.endswith("+json")):
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            try:  # the stdlib gives FastAPI's exact position and message
+                body = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                e = _err("json_invalid", f"body.{exc.pos}", "JSON decode error", {})
+                e["ctx"] = {"error": exc.msg}
+                raise validation_error([e]) from None
+            except (UnicodeDecodeError, ValueError):
+                e = _err("json_invalid", "body.0", "JSON decode error", {})
+                e["ctx"] = {"error": "Invalid UTF-8"}
+                raise validation_error([e]) from None
+    if media != "application/json":
+        raise validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
+    if not raw:
+        raise validation_error([_err("missing", "body", "Field required", None)])
+    if not isinstance(body, dict):
+        raise validation_error(
+            [
+                _err(
+                    "model_attributes_type",
+                    "body",
+                    "Input should be a valid dictionary or object to extract fields from",
+                    body,
+                )
+            ]
+        )
+    return body
+
+
+def _check_int(body: dict[str, Any], key: str, errors: list[dict[str, Any] | str]) -> None:
+    v = body.get(key)
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return
+    loc = f"body.{key}"
+    if isinstance(v, bool):
+        body[key] = int(v)
+    elif isinstance(v, float):
+        if v.is_integer():
+            body[key] = int(v)
+        else:
+            errors.append(
+                _err(
+                    "int_from_float",
+                    loc,
+                    "Input should be a valid integer, got a number with a fractional part",
+                    v,
+                )
+            )
+    elif isinstance(v, str):
+        try:
+            body[key] = int(v.strip())
+        except ValueError:
+            errors.append(
+                _err(
+                    "int_parsing",
+                    loc,
+                    "Input should be a valid integer, unable to parse string as an integer",
+                    v,
+                )
+            )
+    else:
+        errors.append(_err("int_type", loc, "Input should be a valid integer", v))
+
+
+def _check_bool(d: dict[str, Any], key: str, loc: str, errors: list[dict[str, Any] | str]) -> None:
+    v = d.get(key)
+    if v is None or isinstance(v, bool):
+        return
+    if isinstance(v, int) and v in (0, 1):
+        d[key] = bool(v)
+    elif isinstance(v, str) and v.lower() in _TRUE | _FALSE:
+        d[key] = v.lower() in _TRUE
+    elif isinstance(v, str):
+        errors.append(
+            _err(
+                "bool_parsing", loc, "Input should be a valid boolean, unable to interpret input", v
+            )
+        )
+    else:
+        errors.append(_err("bool_type", loc, "Input should be a valid boolean", v))
+
+
+@dataclass(slots=True)
+class Generation:
+    """A validated generation request."""
+
+    chat: bool
+    model: str
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    requested_max_tokens: int | None
+    ignore_eos: bool
+    stream_bytes: bytes
+    """The prompt's token stream (see :mod:`.tokenizer`)."""
+    token_ids_prompt: bool
+
+    @property
+    def prompt_len(self) -> int:
+        return tokenizer.count(self.stream_bytes)
+
+
+def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> Generation:
+    """Field validation and tokenization (no limits, no model check)."""
+    errors: list[dict[str, Any] | str] = []
+    if chat:
+        msgs = body.get("messages")
+        if "messages" not in body:
+            errors.append(_err("missing", "body.messages", "Field required", body))
+        elif not isinstance(msgs, list):
+            errors.append(_err("list_type", "body.messages", "Input should be a valid list", msgs))
+        else:
+            for i, m in enumerate(msgs):
+                if not isinstance(m, dict):
+                    errors.append(
+                        _err(
+                            "model_type",
+                            f"body.messages.{i}",
+                            "Input should be a valid dictionary or instance of Message",
+                            m,
+                        )
+                    )
+                elif not isinstance(m.get("role"), str):
+                    errors.append(_err("missing", f"body.messages.{i}.role", "Field required", m))
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        errors.append(_err("string_type", "body.model", "Input should be a valid string", model))
+    for key in ("max_tokens", "max_completion_tokens", "n", "min_tokens", "seed"):
+        _check_int(body, key, errors)
+    for key in ("stream", "ignore_eos"):
+        _check_bool(body, key, f"body.{key}", errors)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        errors.append(
+            _err(
+                "model_type",
+                "body.stream_options",
+                "Input should be a valid dictionary or instance of StreamOptions",
+                opts,
+            )
+        )
+    elif isinstance(opts, dict):
+        for key in ("include_usage", "continuous_usage_stats"):
+            _check_bool(opts, key, f"body.stream_options.{key}", errors)
+    if errors:
+        raise validation_error(errors)
+
+    stream = bool(body.get("stream"))
+    if opts is not None and not stream:
+        raise bad_request(
+            "Stream options can only be defined when `stream=True`.", "stream_options"
+        )
+    if body.get("n") not in (None, 1):
+        raise bad_request("The replayer emulator serves n=1 only.", "n", body.get("n"))
+    if chat:
+        stream_bytes = tokenizer.chat_stream(body["messages"])
+        token_ids = False
+    else:
+        stream_bytes, token_ids = _completion_prompt(body)
+    requested = body.get("max_completion_tokens") if chat else None
+    if requested is None:
+        requested = body.get("max_tokens")
+    if requested is not None and requested < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {requested}.", "max_tokens")
+    force = cfg.enable_force_include_usage
+    include = force or bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
+    continuous = force or bool(
+        include and isinstance(opts, dict) and opts.get("continuous_usage_stats")
+    )
+    return Generation(
+        chat=chat,
+        model=model or cfg.served_model_name,
+        stream=stream,
+        include_usage=include and stream,
+        continuous_usage=continuous and stream,
+        requested_max_tokens=requested,
+        ignore_eos=bool(body.get("ignore_eos")),
+        stream_bytes=stream_bytes,
+        token_ids_prompt=token_ids,
+    )
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[bytes, bool]:
+    prompt = body.get("prompt")
+    empty = "Either prompt or prompt_embeds must be provided and non-empty."
+    if prompt is None or prompt == "" or prompt == []:
+        e = _err("value_error", "body", f"Value error, {empty}", body)
+        e["ctx"] = {"error": empty}
+        raise validation_error([e])
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return tokenizer.text_stream(prompt), False
+    if isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        bad = [t for t in prompt if not 0 <= t <= MAX_ID]
+        if bad:
+            raise bad_request(f"Token id {bad[0]} is out of vocabulary", "prompt")
+        return tokenizer.ids_stream(prompt), True
+    if isinstance(prompt, list) and all(isinstance(p, str | list) for p in prompt):
+        raise bad_request(
+            f"The replayer emulator serves one prompt per request, got {len(prompt)}.", "prompt"
+        )
+    raise validation_error(
+        [_err("string_type", "body.prompt", "Input should be a valid string", prompt)]
+    )
+
+
+def check_limits(g: Generation, cfg: EmulatorConfig) -> tuple[int, str]:
+    """vLLM's context checks; returns (tokens to generate, finish reason at the end)."""
+    m, p, x = cfg.max_model_len, g.prompt_len, g.requested_max_tokens
+    profile = cfg.profile
+    if p == 0:
+        raise bad_request("The decoder prompt cannot be empty")
+    if x is not None and x > m and profile == "0.33":
+        raise bad_request(
+            f"max_tokens={x} cannot be greater than max_model_len={m}. "
+            "Please request fewer output tokens.",
+            "max_tokens",
+            x,
+        )
+    if p > m:
+        if profile == "0.33":
+            shown = p if g.token_ids_prompt else m + 1
+            least = "" if g.token_ids_prompt else "at least "
+            raise bad_request(
+                f"This model's maximum context length is {m} tokens. However, your prompt "
+                f"contains {least}{shown} input tokens, which exceeds this limit even without "
+                "any output tokens. Please reduce the length of the input prompt.",
+                "input_tokens",
+                shown,
+            )
+        raise _old_overflow(profile, m, p, x)
+    if p == m:
+        raise bad_request(
+            f"The decoder prompt (length {p}) plus the number of requested output tokens "
+            f"(at least 1) is longer than the maximum model length of {m}. Make sure that "
+            "`max_model_len` is no smaller than the number of text tokens (prompt + "
+            "requested output tokens)."
+        )
+    room = m - p
+    if x is not None and x > room and profile != "0.33":
+        raise _old_overflow(profile, m, p, x)
+    limit = room if x is None else min(x, room)
+    natural: int | None = cfg.eos_after
+    if natural is None and x is None:
+        natural = cfg.default_max_tokens
+    if g.ignore_eos or natural is None or natural >= limit:
+        return limit, "length"
+    return natural, "stop"
+
+
+def _old_overflow(profile: str, m: int, p: int, x: int | None) -> ApiError:
+    if profile == "0.9":
+        t = p + (x or 0)
+        return ApiError(
+            400,
+            f"This model's maximum context length is {m} tokens. However, you requested {t} "
+            f"tokens ({p} in the messages, {x or 0} in the completion). Please reduce the "
+            "length of the messages or completion.",
+            "BadRequestError",
+        )
+    if p > m:
+        return ApiError(
+            400,
+            f"This model's maximum context length is {m} tokens. However, your request has "
+            f"{p} input tokens. Please reduce the length of the input messages.",
+            "BadRequestError",
+        )
+    return bad_request(
+        f"'max_tokens' or 'max_completion_tokens' is too large: {x}. This model's maximum "
+        f"context length is {m} tokens and your request has {p} input tokens ({x} > {m} - {p}).",
+        "max_tokens",
+        x,
+    )

@@ -1,0 +1,344 @@
+"""Response bytes, exactly as vLLM puts them on the wire (VLLM.md §2.2, §3, §4).
+
+* Chat chunks are ``model_dump_json(exclude_unset=True, ...)``: compact JSON,
+  fields in model order, ``null`` kept in chunks with choices and dropped from
+  the usage chunk. Completion chunks keep every ``null``.
+* Non-streaming bodies and error bodies are compact JSON (Starlette's
+  ``JSONResponse``); the in-stream error of ``/v1/completions`` alone is
+  ``json.dumps`` with spaces.
+* ``usage`` keys are ``prompt_tokens, total_tokens, completion_tokens`` then
+  details; ``prompt_tokens_details`` only with ``--enable-prompt-tokens-details``.
+* Older wire variants (``--vllm-version``): ``0.10`` has the EngineCore message
+  in dead-engine errors, ``BadRequestError``/400 in-stream errors and no
+  ``system_fingerprint``; ``0.9`` also uses the flat error object.
+
+Streams are built from per-request byte templates so that a chunk costs one
+``orjson.dumps`` of the delta text. Filler text is a fixed word cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+CLIENT_DEAD_MESSAGE = "The server had an error while processing your request."
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+INTERNAL_MESSAGE = "Internal server error"
+DONE = b"data: [DONE]\n\n"
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+JSON_CONTENT_TYPE = "application/json"
+
+WORDS = tuple(
+    " " + w
+    for w in (
+        "the model keeps writing plain filler text so that long runs stay cheap and every "
+        "token maps to one short word which is enough for replay tests that only care about "
+        "lengths timing usage and the exact framing of each event on the wire while the "
+        "content itself means nothing at all here"
+    ).split()
+)
+
+
+def filler(seed: int, start: int, count: int) -> str:
+    """Text of output tokens ``start .. start+count`` (one word per token)."""
+    w = len(WORDS)
+    return "".join([WORDS[(seed + i) % w] for i in range(start, start + count)])
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+# -- errors --------------------------------------------------------------------------
+
+
+def error_obj(profile: str, message: str, type_: str, param: str | None, code: int) -> Any:
+    if profile == "0.9":
+        return {"object": "error", "message": message, "type": type_, "param": param, "code": code}
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_body(profile: str, message: str, type_: str, param: str | None, code: int) -> bytes:
+    return dumps(error_obj(profile, message, type_, param, code))
+
+
+def dead_body(profile: str) -> bytes:
+    """HTTP 500 body for a request that meets a dead engine."""
+    msg = CLIENT_DEAD_MESSAGE if profile == "0.33" else ENGINE_DEAD_MESSAGE
+    return error_body(profile, msg, "InternalServerError", None, 500)
+
+
+def error_event(profile: str, chat: bool, kind: str) -> bytes:
+    """The in-stream error event (``kind``: ``dead`` or ``internal``)."""
+    if kind == "internal":
+        obj = error_obj(profile, INTERNAL_MESSAGE, "InternalServerError", None, 500)
+    elif profile == "0.33":
+        obj = error_obj(profile, CLIENT_DEAD_MESSAGE, "InternalServerError", None, 500)
+    else:
+        obj = error_obj(profile, ENGINE_DEAD_MESSAGE, "BadRequestError", None, 400)
+    text = dumps(obj) if chat else json.dumps(obj).encode()
+    return b"data: " + text + b"\n\n"
+
+
+# -- usage -----------------------------------------------------------------------------
+
+
+def usage_final(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    """The include_usage chunk's usage (``exclude_none``)."""
+    u: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
+    if cached is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached}
+    return u
+
+
+def usage_body(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    """Non-streaming usage (``model_dump`` keeps nulls)."""
+    details = (
+        None
+        if cached is None
+        else {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
+    )
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": details,
+        "completion_tokens_details": None,
+    }
+
+
+# -- streams ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StreamShape:
+    """Per-request constants of one SSE stream."""
+
+    chat: bool
+    id: str
+    created: int
+    model: str
+    fingerprint: str | None
+    include_usage: bool
+    continuous: bool
+    prompt_tokens: int
+    cached: int | None
+    """``cached_tokens`` to report, or None without prompt-token details."""
+    head: bytes = b""
+    """``data: {"id":...,"model":...`` - the same in every chunk (computed once)."""
+
+    def __post_init__(self) -> None:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        self.head = (
+            b'data: {"id":'
+            + dumps(self.id)
+            + b',"object":"'
+            + obj.encode()
+            + b'","created":'
+            + str(self.created).encode()
+            + b',"model":'
+            + dumps(self.model)
+        )
+
+    def _head(self) -> bytes:
+        return self.head
+
+    def _cont_usage(self, completion: int) -> bytes:
+        if not self.continuous:
+            return b""
+        u: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + completion,
+            "completion_tokens": completion,
+        }
+        if self.chat:
+            u["completion_tokens_details"] = None
+        return b',"usage":' + dumps(u)
+
+    def role(self) -> bytes:
+        """Chat's first chunk, sent with the first engine output."""
+        return (
+            self._head()
+            + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+            + b'"logprobs":null,"finish_reason":null}]'
+            + self._cont_usage(0)
+            + b',"prompt_token_ids":null,"prompt_text":null}\n\n'
+        )
+
+    def delta(self, text: str, completion: int, finish: str | None) -> bytes:
+        """One content chunk; ``finish`` makes it the terminal one."""
+        fp = b""
+        if finish is not None and not self.include_usage and self.fingerprint is not None:
+            fp = b',"system_fingerprint":' + dumps(self.fingerprint)
+        if self.chat:
+            if finish is None:
+                choice = b'"logprobs":null,"finish_reason":null,"token_ids":null}]'
+            else:
+                choice = (
+                    b'"logprobs":null,"finish_reason":'
+                    + dumps(finish)
+                    + b',"stop_reason":null,"token_ids":null,"weight_versions":null}]'
+                )
+            tail = b',"kv_transfer_params":null}\n\n' if finish is not None else b"}\n\n"
+            return (
+                self._head()
+                + b',"choices":[{"index":0,"delta":{"content":'
+                + dumps(text)
+                + b"},"
+                + choice
+                + self._cont_usage(completion)
+                + fp
+                + tail
+            )
+        return (
+            self._head()
+            + b',"choices":[{"index":0,"text":'
+            + dumps(text)
+            + b',"logprobs":null,"finish_reason":'
+            + dumps(finish)
+            + b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null,'
+            + b'"weight_versions":null}]'
+            + self._cont_usage(completion)
+            + fp
+            + b',"kv_transfer_params":null}\n\n'
+        )
+
+    def usage(self, completion: int) -> bytes:
+        """The final ``include_usage`` chunk (``exclude_none``)."""
+        fp = (
+            b"" if self.fingerprint is None else b',"system_fingerprint":' + dumps(self.fingerprint)
+        )
+        u = usage_final(self.prompt_tokens, completion, self.cached)
+        return self._head() + b',"choices":[],"usage":' + dumps(u) + fp + b"}\n\n"
+
+
+# -- non-streaming bodies -----------------------------------------------------------------
+
+
+def chat_body(
+    id_: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    fingerprint: str | None,
+    prompt: int,
+    completion: int,
+    cached: int | None,
+) -> bytes:
+    return dumps(
+        {
+            "id": id_,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "reasoning": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
+                    "weight_versions": None,
+                }
+            ],
+            "service_tier": None,
+            "system_fingerprint": fingerprint,
+            "usage": usage_body(prompt, completion, cached),
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+    )
+
+
+def completion_body(
+    id_: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    fingerprint: str | None,
+    prompt: int,
+    completion: int,
+    cached: int | None,
+) -> bytes:
+    # Field order of vLLM's CompletionResponse/CompletionResponseChoice [I from S].
+    return dumps(
+        {
+            "id": id_,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                }
+            ],
+            "service_tier": None,
+            "system_fingerprint": fingerprint,
+            "usage": usage_body(prompt, completion, cached),
+            "kv_transfer_params": None,
+        }
+    )
+
+
+def models_body(
+    names: tuple[str, ...], root: str, max_model_len: int, created: int, perm_id: str
+) -> bytes:
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": root,
+            "parent": None,
+            "max_model_len": max_model_len,
+            "permission": [
+                {
+                    "id": perm_id,
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        for name in names
+    ]
+    return dumps({"object": "list", "data": data})
