@@ -1,0 +1,270 @@
+"""``replayer replay``: a trace against one or more targets, side by side.
+
+Exit codes: 0 every target survived, 1 a target failed, 2 usage or input
+error, 3 a target was unreachable before the first request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from replayer.errors import UsageError
+
+
+def add_policy_arguments(p: argparse.ArgumentParser) -> None:
+    """The replay policy options, shared by replay, check and bisect."""
+    g = p.add_argument_group("policy")
+    g.add_argument(
+        "--timing",
+        choices=("recorded", "gaps", "asap"),
+        default="recorded",
+        help="recorded: absolute recorded offsets and think gaps (default); "
+        "gaps: closed loop on think gaps; asap: dependencies only",
+    )
+    g.add_argument(
+        "--order",
+        choices=("strict", "session"),
+        default="strict",
+        help="strict: dispatch in trace order (default); session: per session only",
+    )
+    g.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="divide recorded times by X (default 1)",
+    )
+    g.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N requests in flight per target",
+    )
+    g.add_argument(
+        "--mode",
+        choices=("verbatim", "live"),
+        default="verbatim",
+        help="live: the target's replies replace recorded assistant turns (chat)",
+    )
+    g.add_argument(
+        "--no-force-stream",
+        dest="force_stream",
+        action="store_false",
+        help="send bodies' own stream flag instead of streaming with usage",
+    )
+    g.add_argument("--model", default=None, help="replace the model of every body")
+    g.add_argument(
+        "--skip-over-context",
+        action="store_true",
+        help="skip requests longer than the target's max_model_len (else sent)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="bound on one request, seconds (default 1800: prefills are slow)",
+    )
+    g.add_argument(
+        "--on-failure",
+        choices=("stop", "continue"),
+        default="stop",
+        help="stop dispatching to a failed target (default) or keep going",
+    )
+    g.add_argument(
+        "--session-header",
+        default="X-Session-Id",
+        metavar="NAME",
+        help="header carrying the session id ('none' to omit)",
+    )
+    g.add_argument(
+        "--token-range",
+        default=None,
+        metavar="LO:HI",
+        help="token ids for blocks payloads, e.g. 1000:150000",
+    )
+    g.add_argument("--save-output", action="store_true", help="keep response texts in results")
+
+
+def add_selection_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("selection (ids, or inclusive 0-based ranges A..B)")
+    g.add_argument("--limit", type=int, default=None, metavar="N", help="first N requests")
+    g.add_argument("--sessions", default=None, metavar="SPEC", help="sessions by id or position")
+    g.add_argument("--requests", default=None, metavar="SPEC", help="requests by id or position")
+
+
+def add_target_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("targets (API keys come from the environment or files, never argv)")
+    g.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="a server under test (repeatable)",
+    )
+    g.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="read the API key for every target from $VAR (default: $REPLAYER_API_KEY when set)",
+    )
+    g.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="read the API key for every target from a file",
+    )
+    g.add_argument(
+        "--target-key",
+        action="append",
+        default=[],
+        metavar="NAME=env:VAR|file:PATH",
+        help="API key of one target",
+    )
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a trace against one or more targets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", type=Path, metavar="TRACE")
+    add_target_arguments(p)
+    add_policy_arguments(p)
+    add_selection_arguments(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="RUN",
+        help="run directory (default runs/<timestamp>)",
+    )
+    p.add_argument("--force", action="store_true", help="reuse a non-empty --out")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.set_defaults(func=cmd_replay)
+
+
+def policy_from(args: argparse.Namespace) -> Any:
+    from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
+
+    token_range = None
+    if args.token_range:
+        try:
+            lo, hi = (int(x) for x in args.token_range.split(":"))
+        except ValueError:
+            raise UsageError(f"--token-range wants LO:HI, not {args.token_range!r}") from None
+        token_range = (lo, hi)
+    try:
+        return ReplayPolicy(
+            timing=Timing(args.timing),
+            order=Order(args.order),
+            speed=args.speed,
+            max_inflight=args.max_inflight,
+            mode=Mode(args.mode),
+            force_stream=args.force_stream,
+            model=args.model,
+            skip_over_context=args.skip_over_context,
+            request_timeout=args.request_timeout,
+            on_failure=OnFailure(args.on_failure),
+            session_header=None if args.session_header.lower() == "none" else args.session_header,
+            token_range=token_range,
+            save_output=args.save_output,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _read_key(spec: str, what: str) -> str:
+    kind, _, ref = spec.partition(":")
+    if kind == "env":
+        val = os.environ.get(ref)
+        if val is None:
+            raise UsageError(f"{what}: environment variable {ref} is not set")
+        return val.strip()
+    if kind == "file":
+        try:
+            return Path(ref).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"{what}: cannot read {ref}: {exc.strerror}") from None
+    raise UsageError(f"{what}: want env:VAR or file:PATH, not {spec!r}")
+
+
+def targets_from(args: argparse.Namespace) -> list[Any]:
+    from replayer.replay.client import Target
+
+    if not args.target:
+        raise UsageError("no target: pass --target [NAME=]URL")
+    default_key = None
+    if args.api_key_file is not None:
+        default_key = _read_key(f"file:{args.api_key_file}", "--api-key-file")
+    elif args.api_key_env:
+        default_key = _read_key(f"env:{args.api_key_env}", "--api-key-env")
+    elif os.environ.get("REPLAYER_API_KEY"):
+        default_key = os.environ["REPLAYER_API_KEY"].strip()
+    keys = {}
+    for spec in args.target_key:
+        name, sep, ref = spec.partition("=")
+        if not sep:
+            raise UsageError(f"--target-key wants NAME=env:VAR|file:PATH, not {spec!r}")
+        keys[name] = _read_key(ref, f"--target-key {name}")
+    out: list[Target] = []
+    for spec in args.target:
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            name, url = "target" if len(args.target) == 1 else f"target{len(out)}", spec
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--target {spec!r}: the URL must start with http:// or https://")
+        if any(t.name == name for t in out):
+            raise UsageError(f"two targets are named {name!r}")
+        out.append(Target(name=name, url=url.rstrip("/"), api_key=keys.get(name, default_key)))
+    unknown = set(keys) - {t.name for t in out}
+    if unknown:
+        raise UsageError(f"--target-key for unknown target(s): {', '.join(sorted(unknown))}")
+    return out
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import orjson
+
+    from replayer.replay.plan import select
+    from replayer.replay.run import prepare_out, replay_to_dir
+    from replayer.replay.summary import render
+    from replayer.trace.reader import Trace
+
+    policy = policy_from(args)
+    targets = targets_from(args)
+    trace = Trace.open(args.trace)
+    rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    out = prepare_out(args.out, args.force)
+    selection = {"limit": args.limit, "sessions": args.sessions, "requests": args.requests}
+    outcome = asyncio.run(
+        replay_to_dir(
+            trace,
+            rows,
+            policy,
+            targets,
+            out,
+            command=sys.argv,
+            selection=selection,
+            progress=not args.quiet,
+        )
+    )
+    if args.json:
+        sys.stdout.write(orjson.dumps(outcome.summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif "unreachable" in outcome.summary:
+        print(f"replayer replay: {outcome.summary['unreachable']}", file=sys.stderr)
+    else:
+        print(render(outcome.summary))
+        print(f"run directory: {out}")
+    return outcome.exit_code

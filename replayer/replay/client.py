@@ -1,0 +1,240 @@
+"""Talking to one OpenAI-compatible target: pre-flight and one request.
+
+The hot path is aiohttp (measured against httpx in bench/RESULTS.md). A
+request's record is filled in place, whatever happens: an exception of the
+transport becomes a status and an error class, never an escape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from replayer.replay.results import Result, Status
+from replayer.replay.sse import SSEDecoder, StreamStats
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server under test."""
+
+    name: str
+    url: str
+    """Base URL, e.g. ``http://10.0.0.3:8000`` (paths come from the trace)."""
+    api_key: str | None = field(default=None, repr=False)
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+
+class TargetUnreachable(Exception):
+    """The target did not answer before the first request (exit code 3)."""
+
+
+@dataclass
+class TargetFacts:
+    """What the target says about itself before the replay."""
+
+    models: list[str]
+    max_model_len: int | None
+    raw: dict[str, Any]
+
+
+async def preflight(session: aiohttp.ClientSession, target: Target) -> TargetFacts:
+    """``GET /v1/models``, retried briefly: a refused connection here is an
+    infrastructure problem, not a crash of the replay."""
+    url = target.url.rstrip("/") + "/v1/models"
+    try:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(3),
+            wait=wait_exponential(multiplier=0.2, max=1.0),
+            retry=retry_if_exception_type((aiohttp.ClientConnectionError, TimeoutError)),
+            reraise=True,
+        ):
+            with attempt:
+                async with session.get(
+                    url, headers=target.headers(), timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
+                    body = await resp.read()
+                    if resp.status != 200:
+                        raise TargetUnreachable(
+                            f"target {target.name} at {target.url}: GET /v1/models answered "
+                            f"{resp.status}: {body[:200].decode(errors='replace')}"
+                        )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise TargetUnreachable(
+            f"target {target.name} unreachable at {target.url}: {_describe(exc)}"
+        ) from None
+    try:
+        raw = orjson.loads(body)
+        data = raw.get("data") or []
+        models = [m["id"] for m in data if isinstance(m, dict) and "id" in m]
+        lens = [m.get("max_model_len") for m in data if isinstance(m, dict)]
+        mml = next((int(x) for x in lens if isinstance(x, int)), None)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, KeyError):
+        raise TargetUnreachable(
+            f"target {target.name} at {target.url}: /v1/models is not an OpenAI model list"
+        ) from None
+    return TargetFacts(models=models, max_model_len=mml, raw=raw)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror if exc.os_error else exc})"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def sent_tracing() -> aiohttp.TraceConfig:
+    """Tracing that resolves a request's ``sent`` future when its body is
+    written: strict order waits for it, so requests reach the server in
+    dispatch order even over different connections."""
+
+    async def on_chunk(
+        session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceRequestChunkSentParams
+    ) -> None:
+        fut = (ctx.trace_request_ctx or {}).get("sent")
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    tc = aiohttp.TraceConfig()
+    tc.on_request_chunk_sent.append(on_chunk)
+    return tc
+
+
+def error_message(payload: bytes) -> str:
+    """The message of an error body (OpenAI envelope, vLLM's flat form, or text)."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload[:500].decode(errors="replace")
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:2000]
+        if isinstance(err, str):
+            return err[:2000]
+        if "detail" in obj:
+            return str(obj["detail"])[:2000]
+    return payload[:500].decode(errors="replace")
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    result: Result,
+    *,
+    t0: float,
+    request_timeout: float,
+    keep_text: bool = False,
+    sent: asyncio.Future[None] | None = None,
+) -> StreamStats:
+    """Send one request and fill ``result`` (times relative to ``t0``).
+
+    ``sent`` resolves once the body is handed to the transport (needs a
+    session made with :func:`sent_tracing`), or when the request ends."""
+    loop = asyncio.get_running_loop()
+    stats = StreamStats()
+    if keep_text:
+        stats.keep_text()
+    started = False
+
+    def us(t: float) -> int:
+        return round((t - t0) * 1e6)
+
+    try:
+        async with (
+            asyncio.timeout(request_timeout),
+            session.post(url, data=body, headers=headers, trace_request_ctx={"sent": sent}) as resp,
+        ):
+            started = True
+            result.first_byte_us = us(loop.time())
+            result.http_status = resp.status
+            if resp.status != 200:
+                payload = await resp.read()
+                result.status = Status.HTTP_ERROR
+                result.error_class = f"http_{resp.status}"
+                result.error = error_message(payload)
+            elif resp.content_type == "text/event-stream":
+                dec = SSEDecoder()
+                async for chunk in resp.content.iter_any():
+                    now = loop.time()
+                    for data in dec.feed(chunk):
+                        stats.event(data, now)
+                if stats.error is not None:
+                    result.status = Status.HTTP_ERROR
+                    result.error_class = "stream_error"
+                    result.error = str(stats.error.get("message", stats.error))[:2000]
+                elif not stats.done:
+                    result.status = Status.TRANSPORT_ERROR
+                    result.error_class = "stream_cut"
+                    result.error = "stream ended without [DONE]"
+                else:
+                    result.status = Status.OK
+            else:
+                payload = await resp.read()
+                try:
+                    stats.whole(orjson.loads(payload))
+                    result.status = Status.OK
+                except orjson.JSONDecodeError:
+                    result.status = Status.HTTP_ERROR
+                    result.error_class = "bad_body"
+                    result.error = payload[:500].decode(errors="replace")
+    except TimeoutError:
+        result.status = Status.TIMEOUT
+        result.error_class = "timeout"
+        result.error = f"no complete response within {request_timeout:g} s"
+    except aiohttp.ClientConnectorError as exc:
+        result.status = Status.TRANSPORT_ERROR
+        result.error_class = "connect"
+        result.error = _describe(exc)
+    except (
+        aiohttp.ClientPayloadError,
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientOSError,
+    ) as exc:
+        result.status = Status.TRANSPORT_ERROR
+        result.error_class = "stream_cut" if started else "disconnected"
+        result.error = _describe(exc)
+    except aiohttp.ClientError as exc:
+        result.status = Status.TRANSPORT_ERROR
+        result.error_class = "client"
+        result.error = _describe(exc)
+    if sent is not None and not sent.done():
+        sent.set_result(None)
+    result.done_us = us(loop.time())
+    if stats.first_token is not None:
+        result.first_token_us = us(stats.first_token)
+    result.chunks = stats.chunks
+    if stats.chunks > 1:
+        result.itl_mean_us = round(stats.gap_sum / (stats.chunks - 1) * 1e6)
+        result.itl_max_us = round(stats.gap_max * 1e6)
+    result.prompt_tokens = stats.prompt_tokens
+    result.completion_tokens = stats.completion_tokens
+    result.cached_tokens = stats.cached_tokens
+    result.finish_reason = stats.finish_reason
+    result.output_hash = stats.output_hash if result.status is Status.OK else None
+    if keep_text and stats.text is not None:
+        result.output_text = "".join(stats.text)
+    return stats
+
+
+def is_target_failure(r: Result) -> bool:
+    """Server-side failures stop a replay; a 4xx is the client's doing."""
+    if r.status in (Status.TRANSPORT_ERROR, Status.TIMEOUT):
+        return True
+    if r.status is Status.HTTP_ERROR:
+        return r.error_class == "stream_error" or (r.http_status or 0) >= 500
+    return False

@@ -1,0 +1,476 @@
+"""The replay engine: a plan, several targets, one anchor.
+
+Every target replays the whole selection under its own schedule, all started
+on the same monotonic T0 in one event loop. ``strict`` order runs one
+dispatcher per target that walks the plan in trace order: it waits for a
+request's previous turn, then for its eligible time, then for a concurrency
+slot, and hands the request to its own task. ``session`` order runs one task
+per session. Bodies are built just before their time from the trace (lazily,
+O(appended) per turn) and the first ones before T0, so start-up has no burst.
+
+A target *fails* on its first server-side failure (transport error, 5xx,
+in-stream error event, cut stream, timeout) or when a monitor says so
+(:meth:`TargetRun.fail`, the seam for health checks). With ``stop``, nothing
+more is dispatched to it; requests in flight resolve, bounded by the request
+timeout; everything never sent is recorded ``not_sent_after_crash``.
+
+Waits are precise: a coarse sleep to ~1.5 ms before the deadline, then
+yielding to the loop until it passes (asyncio wakes timers on millisecond
+ticks; lag is what the results report, so it should be the replayer's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from replayer._async import spawn
+from replayer.replay import client
+from replayer.replay.client import Target, TargetFacts
+from replayer.replay.plan import Plan
+from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy
+from replayer.replay.results import Result, ResultsWriter, Status
+from replayer.trace.reader import BodyBuilder, Trace
+from replayer.trace.schema import Kind
+
+log = logging.getLogger("replayer.replay")
+
+_COARSE_MARGIN = 0.0015
+
+
+@dataclass
+class Failure:
+    """Why a target was declared failed (first one wins)."""
+
+    kind: str
+    """``transport``, ``http_5xx``, ``stream_error``, ``stream_cut``, ``timeout``,
+    or a monitor's class."""
+    message: str
+    at_us: int
+    request_id: str | None = None
+    seq: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "at_s": self.at_us / 1e6,
+            "request_id": self.request_id,
+            "seq": self.seq,
+        }
+
+
+@dataclass
+class TargetRun:
+    """One target's state during a replay."""
+
+    target: Target
+    plan: Plan
+    results: list[Result]
+    session: aiohttp.ClientSession
+    builder: BodyBuilder
+    facts: TargetFacts | None = None
+    failure: Failure | None = None
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    done_at: list[float | None] = field(default_factory=list)
+    waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    slots: asyncio.Semaphore | None = None
+    inflight: int = 0
+    sent: int = 0
+    settled: int = 0
+    errors: int = 0
+    last_lag_us: int = 0
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # live mode: per session, (position in context, recorded reply replaced by live JSON)
+    live_subs: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    context_len: dict[int, int] = field(default_factory=dict)
+
+    def fail(self, failure: Failure, *, stop: bool = True) -> None:
+        """Declare the target failed (first failure wins); stop dispatching to it."""
+        if self.failure is None:
+            self.failure = failure
+            log.warning(
+                "target %s failed: %s (%s)", self.target.name, failure.kind, failure.message
+            )
+        if stop:
+            self.stopped.set()
+
+    def complete(self, i: int, when: float) -> None:
+        self.done_at[i] = when
+        w = self.waiters.pop(i, None)
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+class Replay:
+    """Replays a plan of one trace against targets.
+
+    **Usage**::
+
+        replay = Replay(trace, plan, policy, targets, writer)
+        await replay.run()
+        replay.runs["b300"].failure
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        plan: Plan,
+        policy: ReplayPolicy,
+        targets: Sequence[Target],
+        writer: ResultsWriter,
+        *,
+        on_tick: Callable[[Replay], None] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.plan = plan
+        self.policy = policy
+        self.targets = list(targets)
+        self.writer = writer
+        self.on_tick = on_tick
+        self.runs: dict[str, TargetRun] = {}
+        self.t0 = 0.0
+        self.facts: dict[str, TargetFacts] = {}
+        self.started = False
+        self.finished = False
+        c = trace.column
+        self._rid, self._sid = c("request_id"), c("session_id")
+        self._turn, self._path, self._kind = c("turn"), c("path"), c("kind")
+        self._tokens = c("input_tokens")
+        self._patch: dict[str, Any] = {}
+        if policy.model:
+            self._patch["model"] = policy.model
+
+    # -- set-up --------------------------------------------------------------
+
+    def _body_patch(self, row: int) -> dict[str, Any] | None:
+        if not self.policy.force_stream:
+            return self._patch or None
+        patch = dict(self._patch)
+        patch["stream"] = True
+        opts = {"include_usage": True}
+        params = orjson.loads(self.trace.params_text(row))
+        if isinstance(params.get("stream_options"), dict):
+            opts = {**params["stream_options"], "include_usage": True}
+        patch["stream_options"] = opts
+        return patch
+
+    def _new_results(self, name: str) -> list[Result]:
+        return [
+            Result(
+                target=name,
+                row=r,
+                request_id=self._rid[r],
+                session_id=self._sid[r],
+                turn=self._turn[r],
+            )
+            for r in self.plan.rows
+        ]
+
+    async def preflight(self) -> dict[str, TargetFacts]:
+        """Ask every target for its models before anything is scheduled."""
+        async with aiohttp.ClientSession() as s:
+            facts = await asyncio.gather(*(client.preflight(s, t) for t in self.targets))
+        self.facts = {t.name: f for t, f in zip(self.targets, facts, strict=True)}
+        return self.facts
+
+    # -- the run -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Replay to the end (or until every target failed); never raises for
+        a target's failure: that is a result."""
+        loop = asyncio.get_running_loop()
+        n = len(self.plan)
+        for t in self.targets:
+            conn = aiohttp.TCPConnector(limit=self.policy.max_inflight or 0, limit_per_host=0)
+            session = aiohttp.ClientSession(
+                connector=conn,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+                trace_configs=[client.sent_tracing()]
+                if self.policy.order is Order.STRICT
+                else None,
+            )
+            run = TargetRun(
+                target=t,
+                plan=self.plan,
+                results=self._new_results(t.name),
+                session=session,
+                builder=self.trace.builder(self.plan.rows),
+                facts=self.facts.get(t.name),
+                done_at=[None] * n,
+                slots=asyncio.Semaphore(self.policy.max_inflight)
+                if self.policy.max_inflight
+                else None,
+            )
+            self.runs[t.name] = run
+        ticker = spawn(self._tick(), name="replay-progress") if self.on_tick else None
+        try:
+            # T0 after every set-up step: no request is late because of start-up.
+            self.t0 = loop.time() + 0.005
+            self.started = True
+            async with asyncio.TaskGroup() as tg:
+                for run in self.runs.values():
+                    if self.policy.order is Order.STRICT:
+                        tg.create_task(
+                            self._dispatch_strict(run), name=f"dispatch-{run.target.name}"
+                        )
+                    else:
+                        tg.create_task(
+                            self._dispatch_sessions(run), name=f"dispatch-{run.target.name}"
+                        )
+        finally:
+            for run in self.runs.values():
+                if run.tasks:
+                    await asyncio.gather(*run.tasks, return_exceptions=True)
+                for r in run.results:
+                    if r.seq is None and r.error_class is None:
+                        r.status = Status.NOT_SENT_AFTER_CRASH
+                        r.error_class = "target_failed" if run.failure else "interrupted"
+                        self.writer.add(r)
+                await run.session.close()
+            self.finished = True
+            if ticker is not None:
+                ticker.cancel()
+                if self.on_tick:
+                    self.on_tick(self)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if self.on_tick:
+                self.on_tick(self)
+
+    # -- dispatch ------------------------------------------------------------
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time() - self.t0
+
+    async def _sleep_until(self, run: TargetRun, at: float) -> bool:
+        """Wait until ``at`` seconds after T0; False if the target stopped."""
+        loop = asyncio.get_running_loop()
+        deadline = self.t0 + at
+        delay = deadline - loop.time() - _COARSE_MARGIN
+        if delay > 0:
+            stop = spawn(run.stopped.wait(), name="stop-wait")
+            try:
+                await asyncio.wait({stop}, timeout=delay)
+            finally:
+                stop.cancel()
+        # the fine wait spins on the loop (other tasks run): sub-ms precision
+        while loop.time() < deadline and not run.stopped.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        return not run.stopped.is_set()
+
+    async def _wait_prev(self, run: TargetRun, p: int) -> bool:
+        if run.done_at[p] is not None:
+            return True
+        fut = run.waiters.get(p)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            run.waiters[p] = fut
+        stop = spawn(run.stopped.wait(), name="stop-wait")
+        try:
+            await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        return run.done_at[p] is not None and not run.stopped.is_set()
+
+    def _skip(self, run: TargetRun, i: int, at: float) -> bool:
+        """Over-context requests are skipped (when asked): recorded, not sent."""
+        if not self.policy.skip_over_context or run.facts is None:
+            return False
+        mml = run.facts.max_model_len
+        row = self.plan.rows[i]
+        if mml is None or self._tokens[row] < mml:
+            return False
+        r = run.results[i]
+        r.status = Status.SKIPPED
+        r.error_class = "over_context"
+        r.error = f"input_tokens {self._tokens[row]} >= max_model_len {mml}"
+        r.scheduled_us = round(at * 1e6)
+        run.complete(i, at)
+        run.settled += 1
+        self.writer.add(r)
+        return True
+
+    def _body(self, run: TargetRun, i: int) -> bytes:
+        row = self.plan.rows[i]
+        patch = self._body_patch(row)
+        if self.policy.mode is Mode.LIVE and self._kind[row] == Kind.CHAT:
+            content = run.builder.content(row)
+            run.context_len[i] = len(content)
+            subs = run.live_subs.get(self.plan.sessions[i])
+            if subs:
+                content = substitute_live(content, subs)
+            return run.builder.json(row, patch, content=content)
+        return run.builder.json(row, patch)
+
+    async def _dispatch_strict(self, run: TargetRun) -> None:
+        plan, policy = self.plan, self.policy
+        last = 0.0  # when the previous request in trace order went out
+        for i in range(len(plan)):
+            if run.stopped.is_set():
+                return
+            p = plan.prev[i]
+            if p is not None and not await self._wait_prev(run, p):
+                return
+            at = plan.eligible(i, policy.timing, run.done_at[p] if p is not None else None)
+            # in strict order a request is also due no earlier than its
+            # predecessor's dispatch: lag measures the replayer, not the order
+            at = max(at, last)
+            if self._skip(run, i, at):
+                continue
+            body = self._body(run, i)
+            if not await self._sleep_until(run, at):
+                return
+            if run.slots is not None:
+                await run.slots.acquire()
+                if run.stopped.is_set():
+                    run.slots.release()
+                    return
+            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            task = spawn(self._send(run, i, at, body, sent), name=f"send-{run.target.name}-{i}")
+            run.tasks.add(task)
+            task.add_done_callback(run.tasks.discard)
+            # the next request goes only once this one's bytes are on the wire,
+            # so the server sees trace order even across connections
+            await sent
+            last = self.now()
+
+    async def _dispatch_sessions(self, run: TargetRun) -> None:
+        by_session: dict[str, list[int]] = {}
+        for i, s in enumerate(self.plan.sessions):
+            by_session.setdefault(s, []).append(i)
+        async with asyncio.TaskGroup() as tg:
+            for s, idx in by_session.items():
+                tg.create_task(self._session_loop(run, idx), name=f"session-{s}")
+
+    async def _session_loop(self, run: TargetRun, idx: list[int]) -> None:
+        plan, policy = self.plan, self.policy
+        for i in idx:
+            if run.stopped.is_set():
+                return
+            p = plan.prev[i]
+            at = plan.eligible(i, policy.timing, run.done_at[p] if p is not None else None)
+            if self._skip(run, i, at):
+                continue
+            body = self._body(run, i)
+            if not await self._sleep_until(run, at):
+                return
+            if run.slots is not None:
+                await run.slots.acquire()
+                if run.stopped.is_set():
+                    run.slots.release()
+                    return
+            await self._send(run, i, at, body)
+
+    async def _send(
+        self,
+        run: TargetRun,
+        i: int,
+        at: float,
+        body: bytes,
+        sent: asyncio.Future[None] | None = None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        row = self.plan.rows[i]
+        r = run.results[i]
+        r.scheduled_us = round(at * 1e6)
+        now = loop.time()
+        r.dispatched_us = round((now - self.t0) * 1e6)
+        r.seq = run.sent
+        run.sent += 1
+        run.inflight += 1
+        run.last_lag_us = r.dispatched_us - r.scheduled_us
+        headers = run.target.headers()
+        headers["X-Request-Id"] = self._rid[row]
+        if self.policy.session_header:
+            headers[self.policy.session_header] = self._sid[row]
+        url = run.target.url.rstrip("/") + self._path[row]
+        try:
+            stats = await client.send(
+                run.session,
+                url,
+                body,
+                headers,
+                r,
+                t0=self.t0,
+                request_timeout=self.policy.request_timeout,
+                keep_text=self.policy.save_output or self.policy.mode is Mode.LIVE,
+                sent=sent,
+            )
+        finally:
+            run.inflight -= 1
+            if run.slots is not None:
+                run.slots.release()
+        if self.policy.mode is Mode.LIVE and r.status is Status.OK and i in run.context_len:
+            self._thread_live_reply(run, i, stats.assistant_message())
+        if r.status is not Status.OK:
+            run.errors += 1
+        if self.policy.save_output is False:
+            r.output_text = None
+        run.settled += 1
+        self.writer.add(r)
+        done = (r.done_us or 0) / 1e6
+        run.complete(i, done)
+        if client.is_target_failure(r):
+            run.fail(
+                Failure(
+                    kind=r.error_class or r.status.value,
+                    message=r.error or "",
+                    at_us=r.done_us or 0,
+                    request_id=r.request_id,
+                    seq=r.seq,
+                ),
+                stop=self.policy.on_failure is OnFailure.STOP,
+            )
+
+    def _thread_live_reply(self, run: TargetRun, i: int, reply: dict[str, Any]) -> None:
+        """Later turns of the session get this reply where the recorded one
+        was: at this request's context length (see :func:`substitute_live`)."""
+        pos = run.context_len.pop(i)
+        run.live_subs.setdefault(self.plan.sessions[i], []).append(
+            (pos, orjson.dumps(reply).decode())
+        )
+
+
+def substitute_live(content: list[str], subs: list[tuple[int, str]]) -> list[str]:
+    """Replace recorded assistant replies by live ones (live mode).
+
+    Turn j's reply sits at index ``len(context of turn j)`` of every later
+    turn (teacher-forced traces append it there). A substitution applies only
+    where that message is an assistant's; tool results that answer a recorded
+    tool call are re-pointed at the live call's id, so the conversation stays
+    coherent for the server."""
+    out = list(content)
+    ids: dict[str, str] = {}
+    for pos, live in subs:
+        if pos >= len(out):
+            continue
+        recorded = orjson.loads(out[pos])
+        if not isinstance(recorded, dict) or recorded.get("role") != "assistant":
+            continue
+        live_msg = orjson.loads(live)
+        rec_calls = recorded.get("tool_calls") or []
+        live_calls = live_msg.get("tool_calls") or []
+        for a, b in zip(rec_calls, live_calls, strict=False):
+            if isinstance(a, dict) and isinstance(b, dict) and a.get("id") and b.get("id"):
+                ids[a["id"]] = b["id"]
+        out[pos] = live
+    if ids:
+        for k, text in enumerate(out):
+            if '"tool_call_id"' not in text:
+                continue
+            msg = orjson.loads(text)
+            if isinstance(msg, dict) and msg.get("tool_call_id") in ids:
+                msg["tool_call_id"] = ids[msg["tool_call_id"]]
+                out[k] = orjson.dumps(msg).decode()
+    return out

@@ -1,0 +1,93 @@
+"""The replay contract: how a trace becomes traffic.
+
+For request r of session s(r) at turn k(r), with recorded start t(r), recorded
+end e(r) and, for k > 0, think gap g(r) = t(r) - e(previous turn) (clamped at
+0; 0 when the previous end is unknown), all relative to the first selected
+request and divided by ``speed``:
+
+* ``recorded`` (default): r is eligible at T0 + t(r), and never before its
+  previous turn completed plus g(r). T0 is one monotonic anchor shared by
+  every target: no cumulative sleep drift, no start-up catch-up burst. A
+  replay that falls behind keeps the order and reports the lag.
+* ``gaps``: a session's first turn at T0 + t(r); later turns g(r) after the
+  previous turn completes (closed loop).
+* ``asap``: no waiting beyond dependencies; every session starts at once.
+
+``strict`` order (default): a request is never dispatched before every
+earlier request of the trace has been; ``session`` order keeps only each
+session's own order. The schedule of a request is the time it became
+eligible (its own dependencies met and, in strict order, every earlier
+request dispatched); its lag is dispatch minus schedule, the replayer's own
+lateness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Timing(StrEnum):
+    RECORDED = "recorded"
+    GAPS = "gaps"
+    ASAP = "asap"
+
+
+class Order(StrEnum):
+    STRICT = "strict"
+    SESSION = "session"
+
+
+class Mode(StrEnum):
+    VERBATIM = "verbatim"
+    """Send the recorded bodies (model and streaming overrides aside)."""
+    LIVE = "live"
+    """Chat only: the target's own replies replace recorded assistant turns."""
+
+
+class OnFailure(StrEnum):
+    STOP = "stop"
+    CONTINUE = "continue"
+
+
+@dataclass(frozen=True)
+class ReplayPolicy:
+    """Everything that decides what is sent when (the policy of a bisect trial too)."""
+
+    timing: Timing = Timing.RECORDED
+    order: Order = Order.STRICT
+    speed: float = 1.0
+    max_inflight: int | None = None
+    """Cap on concurrent requests per target (None: unbounded)."""
+    mode: Mode = Mode.VERBATIM
+    force_stream: bool = True
+    """Send every request streaming with usage, so TTFT/ITL are measured."""
+    model: str | None = None
+    """Replace the body's model."""
+    skip_over_context: bool = False
+    """Skip requests whose input reaches the target's max_model_len."""
+    request_timeout: float = 1800.0
+    """Whole-request bound; long prefills send no bytes for minutes."""
+    on_failure: OnFailure = OnFailure.STOP
+    session_header: str | None = "X-Session-Id"
+    """Header carrying the session id (routers, sticky sessions, the emulator)."""
+    token_range: tuple[int, int] | None = None
+    """Token-id range for blocks payloads (a model's vocabulary)."""
+    save_output: bool = False
+    """Keep each response's text in the results (for divergence checks)."""
+
+    def __post_init__(self) -> None:
+        if not self.speed > 0:
+            raise ValueError(f"speed must be positive, not {self.speed}")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ValueError("max_inflight must be at least 1")
+        if not self.request_timeout > 0:
+            raise ValueError("request_timeout must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, StrEnum):
+                d[k] = v.value
+        return d

@@ -1,0 +1,154 @@
+"""What a replay produced: one row per trace request per target.
+
+Every request of the selection appears exactly once per target, sent or not,
+with the reason (``status``). Rows stream to ``RUN/results.arrow`` (Arrow IPC
+stream, flushed every second), so a replayer killed mid-run keeps what it
+measured. Times are microseconds after the shared anchor T0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from replayer import __version__
+
+
+class Status(StrEnum):
+    OK = "ok"
+    HTTP_ERROR = "http_error"
+    """A non-200 status, or an error event inside a 200 stream."""
+    TRANSPORT_ERROR = "transport_error"
+    """Connection refused or reset, or a stream cut before ``[DONE]``."""
+    TIMEOUT = "timeout"
+    NOT_SENT_AFTER_CRASH = "not_sent_after_crash"
+    SKIPPED = "skipped"
+
+
+@dataclass(slots=True)
+class Result:
+    """One request as one target saw it."""
+
+    target: str
+    row: int
+    request_id: str
+    session_id: str
+    turn: int
+    status: Status = Status.SKIPPED
+    seq: int | None = None
+    """Dispatch order on this target (0-based); None when not sent."""
+    scheduled_us: int | None = None
+    dispatched_us: int | None = None
+    first_byte_us: int | None = None
+    first_token_us: int | None = None
+    done_us: int | None = None
+    http_status: int | None = None
+    error_class: str | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_hash: str | None = None
+    chunks: int | None = None
+    itl_mean_us: int | None = None
+    itl_max_us: int | None = None
+    finish_reason: str | None = None
+    output_text: str | None = None
+
+    @property
+    def lag_us(self) -> int | None:
+        if self.dispatched_us is None or self.scheduled_us is None:
+            return None
+        return self.dispatched_us - self.scheduled_us
+
+
+_TYPES: dict[str, pa.DataType] = {
+    "target": pa.string(),
+    "row": pa.int64(),
+    "request_id": pa.string(),
+    "session_id": pa.string(),
+    "turn": pa.int32(),
+    "status": pa.string(),
+    "seq": pa.int64(),
+    "scheduled_us": pa.int64(),
+    "dispatched_us": pa.int64(),
+    "first_byte_us": pa.int64(),
+    "first_token_us": pa.int64(),
+    "done_us": pa.int64(),
+    "http_status": pa.int32(),
+    "error_class": pa.string(),
+    "error": pa.string(),
+    "prompt_tokens": pa.int64(),
+    "completion_tokens": pa.int64(),
+    "cached_tokens": pa.int64(),
+    "output_hash": pa.string(),
+    "chunks": pa.int64(),
+    "itl_mean_us": pa.int64(),
+    "itl_max_us": pa.int64(),
+    "finish_reason": pa.string(),
+    "output_text": pa.string(),
+}
+FIELDS = [f.name for f in fields(Result)]
+SCHEMA = pa.schema(
+    [pa.field(n, _TYPES[n]) for n in FIELDS],
+    metadata={b"replayer.results_version": b"1", b"replayer.version": __version__.encode()},
+)
+
+
+class ResultsWriter:
+    """Appends results as they settle; a batch hits the disk every second."""
+
+    def __init__(self, path: Path, flush_interval: float = 1.0) -> None:
+        self.path = path
+        self._sink = pa.OSFile(str(path), "wb")
+        self._w = ipc.new_stream(
+            self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression="zstd")
+        )
+        self._rows: list[Result] = []
+        self._interval = flush_interval
+        self._last = time.monotonic()
+        self.written = 0
+
+    def add(self, r: Result) -> None:
+        self._rows.append(r)
+        if time.monotonic() - self._last >= self._interval:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            cols = {n: [getattr(r, n) for r in self._rows] for n in FIELDS}
+            cols["status"] = [s.value if s is not None else None for s in cols["status"]]
+            batch = pa.record_batch([pa.array(cols[n], _TYPES[n]) for n in FIELDS], schema=SCHEMA)
+            self._w.write_batch(batch)
+            self.written += len(self._rows)
+            self._rows.clear()
+            self._sink.flush()
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        if self._sink.closed:
+            return
+        self.flush()
+        self._w.close()
+        self._sink.close()
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """All result rows of a run (a killed run's torn tail is dropped)."""
+    out: list[dict[str, Any]] = []
+    with pa.memory_map(str(path)) as src:
+        reader = ipc.open_stream(src)
+        while True:
+            try:
+                out.extend(reader.read_next_batch().to_pylist())
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError):
+                break
+    return out

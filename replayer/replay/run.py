@@ -1,0 +1,158 @@
+"""A replay as a unit of work: trace + selection + policy + targets -> a run
+directory. The CLI and bisection trials both go through here.
+
+``RUN/`` holds ``run.json`` (the exact command, trace hash, options, target
+facts, replayer version), ``results.arrow`` (streamed while running) and
+``summary.json``. Exit codes: 0 every target survived, 1 a target failed,
+3 a target was unreachable before the first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import hashlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replayer import __version__
+from replayer._async import spawn
+from replayer.errors import UsageError
+from replayer.replay.client import Target, TargetUnreachable
+from replayer.replay.engine import Replay
+from replayer.replay.plan import build_plan
+from replayer.replay.policy import ReplayPolicy
+from replayer.replay.progress import Progress
+from replayer.replay.results import ResultsWriter
+from replayer.replay.summary import summarize_target
+from replayer.trace.reader import Trace
+from replayer.trace.tokens import TokenSpace
+
+EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    summary: dict[str, Any]
+    out: Path
+    replay: Replay | None = field(default=None, repr=False)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def prepare_out(out: Path | None, force: bool) -> Path:
+    """The run directory: new, or empty, or ``--force``; results are never clobbered."""
+    if out is None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / stamp
+        n = 1
+        while out.exists():
+            n += 1
+            out = Path("runs") / f"{stamp}-{n}"
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UsageError(f"{out} exists and is not empty (use --force or another --out)")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _check_models(trace: Trace, rows: list[int], policy: ReplayPolicy, replay: Replay) -> None:
+    if policy.model:
+        return
+    models = trace.column("model")
+    wanted = {models[r] for r in rows if models[r] is not None}
+    for name, facts in replay.facts.items():
+        missing = sorted(wanted - set(facts.models))
+        if missing and facts.models:
+            raise UsageError(
+                f"target {name} does not serve model {', '.join(missing)} (it serves "
+                f"{', '.join(facts.models)}); pass --model {facts.models[0]}"
+            )
+
+
+async def replay_to_dir(
+    trace: Trace,
+    rows: list[int],
+    policy: ReplayPolicy,
+    targets: list[Target],
+    out: Path,
+    *,
+    command: list[str] | None = None,
+    selection: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> RunOutcome:
+    if not rows:
+        raise UsageError("the selection is empty: nothing to replay")
+    if policy.token_range is not None:
+        trace.set_token_space(
+            TokenSpace(policy.token_range[0], policy.token_range[1], trace.tokens.salt)
+        )
+    plan = build_plan(trace, rows, policy)
+    writer = ResultsWriter(out / "results.arrow")
+    prog = Progress(sys.stderr, len(rows)) if progress else None
+    replay = Replay(trace, plan, policy, targets, writer, on_tick=prog.update if prog else None)
+    started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
+    run_info: dict[str, Any] = {
+        "replayer_version": __version__,
+        "command": command if command is not None else sys.argv,
+        "started_at": started_at,
+        "trace": {
+            "path": str(trace.path),
+            "requests": len(trace),
+            "schema_version": trace.schema_version,
+            "provenance": trace.provenance,
+        },
+        "selection": {**(selection or {}), "count": len(rows)},
+        "policy": policy.to_dict(),
+        "targets": [{"name": t.name, "url": t.url} for t in targets],
+    }
+    # hashing a multi-GB trace takes seconds: do it beside the replay
+    hashing = spawn(asyncio.to_thread(sha256_file, trace.path), name="trace-sha256")
+    try:
+        try:
+            facts = await replay.preflight()
+        except TargetUnreachable as exc:
+            run_info["unreachable"] = str(exc)
+            run_info["trace"]["sha256"] = await hashing
+            _write_json(out / "run.json", run_info)
+            summary = {"exit_code": EXIT_UNREACHABLE, "unreachable": str(exc), "targets": {}}
+            _write_json(out / "summary.json", summary)
+            return RunOutcome(EXIT_UNREACHABLE, summary, out)
+        run_info["target_facts"] = {
+            n: {"models": f.models, "max_model_len": f.max_model_len} for n, f in facts.items()
+        }
+        _check_models(trace, rows, policy, replay)
+        _write_json(out / "run.json", run_info)
+        await replay.run()
+    finally:
+        writer.close()
+        if not hashing.done():
+            await hashing
+    run_info["trace"]["sha256"] = hashing.result()
+    run_info["t0_offset_note"] = "result times are microseconds after T0"
+    _write_json(out / "run.json", run_info)
+    targets_summary = {
+        name: summarize_target(run.results, run.failure) for name, run in replay.runs.items()
+    }
+    failed = any(t["failed"] for t in targets_summary.values())
+    code = EXIT_FAILED if failed else EXIT_OK
+    summary = {"exit_code": code, "targets": targets_summary}
+    _write_json(out / "summary.json", summary)
+    return RunOutcome(code, summary, out, replay)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+    os.replace(tmp, path)

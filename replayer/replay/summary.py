@@ -1,0 +1,107 @@
+"""``summary.json``: per target, what happened and how fast.
+
+Latencies are in milliseconds, percentiles nearest-rank (values that really
+occurred). TTFT is first token minus dispatch; E2E is done minus dispatch;
+ITL is the mean inter-chunk gap of each request; lag is dispatch minus
+schedule. Throughput counts completed (``ok``) requests over the span from
+the first dispatch to the last completion.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from replayer.replay.engine import Failure
+from replayer.replay.results import Result, Status
+from replayer.trace.stats import percentile
+
+
+def _dist_ms(values_us: Sequence[int]) -> dict[str, float | None]:
+    s = sorted(values_us)
+
+    def ms(v: int | float | None) -> float | None:
+        return None if v is None else round(v / 1000, 3)
+
+    return {
+        "n": len(s),
+        "p50": ms(percentile(s, 50)),
+        "p90": ms(percentile(s, 90)),
+        "p99": ms(percentile(s, 99)),
+        "max": ms(s[-1] if s else None),
+        "mean": ms(sum(s) / len(s)) if s else None,
+    }
+
+
+def summarize_target(results: Sequence[Result], failure: Failure | None) -> dict[str, Any]:
+    counts = Counter(r.status.value for r in results)
+    sent = [r for r in results if r.seq is not None]
+    ok = [r for r in sent if r.status is Status.OK]
+    ttft = [
+        r.first_token_us - r.dispatched_us
+        for r in ok
+        if r.first_token_us is not None and r.dispatched_us is not None
+    ]
+    e2e = [
+        r.done_us - r.dispatched_us
+        for r in ok
+        if r.done_us is not None and r.dispatched_us is not None
+    ]
+    itl = [r.itl_mean_us for r in ok if r.itl_mean_us is not None]
+    lag = [r.lag_us for r in sent if r.lag_us is not None]
+    first = min((r.dispatched_us for r in sent if r.dispatched_us is not None), default=None)
+    last = max((r.done_us for r in sent if r.done_us is not None), default=None)
+    span = (last - first) / 1e6 if first is not None and last is not None and last > first else 0
+    out_tokens = sum(r.completion_tokens or 0 for r in ok)
+    errors = Counter(r.error_class for r in results if r.error_class)
+    return {
+        "requests": len(results),
+        "sent": len(sent),
+        "status": dict(sorted(counts.items())),
+        "error_classes": dict(sorted(errors.items())),
+        "failed": failure is not None,
+        "failure": failure.to_dict() if failure else None,
+        "span_s": round(span, 6),
+        "throughput_rps": round(len(ok) / span, 3) if span else None,
+        "output_tokens_per_s": round(out_tokens / span, 1) if span else None,
+        "ttft_ms": _dist_ms(ttft),
+        "itl_ms": _dist_ms(itl),
+        "e2e_ms": _dist_ms(e2e),
+        "lag_ms": _dist_ms(lag),
+        "prompt_tokens": sum(r.prompt_tokens or 0 for r in ok),
+        "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
+        "completion_tokens": out_tokens,
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The human summary printed after a replay."""
+    lines = []
+    for name, t in summary["targets"].items():
+        state = "FAILED" if t["failed"] else "survived"
+        lines.append(
+            f"{name}: {state}  sent {t['sent']:,}/{t['requests']:,}  "
+            + "  ".join(f"{k} {v:,}" for k, v in t["status"].items())
+        )
+        if t["failure"]:
+            f = t["failure"]
+            lines.append(
+                f"  failure: {f['kind']} at {f['at_s']:.3f} s on request "
+                f"{f['request_id']} (#{f['seq']}): {f['message'][:200]}"
+            )
+        lines.append(f"  ttft {_dist_text(t['ttft_ms'])}")
+        lines.append(f"  e2e  {_dist_text(t['e2e_ms'])}")
+        lines.append(f"  lag  {_dist_text(t['lag_ms'])}")
+        if t["throughput_rps"]:
+            lines.append(
+                f"  throughput {t['throughput_rps']:,.1f} req/s, "
+                f"{t['output_tokens_per_s']:,.0f} output tok/s over {t['span_s']:.2f} s"
+            )
+    return "\n".join(lines)
+
+
+def _dist_text(v: dict[str, Any]) -> str:
+    if not v["n"]:
+        return "-"
+    return f"p50 {v['p50']:.1f}  p99 {v['p99']:.1f}  max {v['max']:.1f} ms"
