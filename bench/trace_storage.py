@@ -90,8 +90,16 @@ def zstd(data: bytes, level: int) -> int:
 def bench_kv(trace_path: Path) -> dict[str, Any]:
     trace_path.unlink(missing_ok=True)
     wall, rss, _ = run_child(
-        [sys.executable, "-m", "replayer", "import", "kv-cache-tester", str(CORPUS), "-o",
-         str(trace_path)]
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "import",
+            "kv-cache-tester",
+            str(CORPUS),
+            "-o",
+            str(trace_path),
+        ]
     )
     from replayer.trace import Trace
 
@@ -136,9 +144,12 @@ for row, body in it:
     if n >= limit or time.perf_counter() - t1 > budget:
         break
 dt = time.perf_counter() - t1
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
+kb = lambda k: int(status[k].split()[0]) * 1024 if k in status else None
 print(json.dumps({"open_to_first_body_s": t_first, "requests": n, "seconds": dt,
                   "bytes": nbytes, "rows_in_trace": len(t),
-                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "rss_anon": kb("RssAnon"), "rss_file": kb("RssFile")}))
 """
 
 
@@ -148,9 +159,28 @@ def bench_big(path: Path, quick: bool) -> dict[str, Any]:
         t0 = time.monotonic()
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
-        run_child([sys.executable, "-m", "replayer", "synth", "--sessions", str(sessions),
-                   "--turns", "40", "--context", "200000", "--tools", "16", "--rate", "0.2",
-                   "--seed", "1", "-o", str(tmp)])
+        run_child(
+            [
+                sys.executable,
+                "-m",
+                "replayer",
+                "synth",
+                "--sessions",
+                str(sessions),
+                "--turns",
+                "40",
+                "--context",
+                "200000",
+                "--tools",
+                "16",
+                "--rate",
+                "0.2",
+                "--seed",
+                "1",
+                "-o",
+                str(tmp),
+            ]
+        )
         tmp.rename(path)
         gen = time.monotonic() - t0
     else:
@@ -159,9 +189,7 @@ def bench_big(path: Path, quick: bool) -> dict[str, Any]:
 
     t = Trace.open(path)
     expanded = sum(t.column("body_bytes"))
-    wall, rss, out = run_child(
-        [sys.executable, "-c", _RECONSTRUCT, str(path), "100000", "60"]
-    )
+    wall, rss, out = run_child([sys.executable, "-c", _RECONSTRUCT, str(path), "100000", "60"])
     r = json.loads(out)
     return {
         "trace_bytes": path.stat().st_size,
@@ -174,6 +202,8 @@ def bench_big(path: Path, quick: bool) -> dict[str, Any]:
         "reconstruct_requests_per_s": r["requests"] / r["seconds"],
         "reconstruct_mb_per_s": r["bytes"] / r["seconds"] / 1e6,
         "reconstruct_peak_rss_bytes": rss,
+        "reconstruct_end_rss_anon_bytes": r["rss_anon"],
+        "reconstruct_end_rss_file_bytes": r["rss_file"],
     }
 
 
@@ -188,28 +218,43 @@ def main(argv: list[str]) -> dict[str, Any]:
     print("| kv-cache-tester corpus | value |\n|---|---|")
     print(f"| requests | {kv['requests']:,} |")
     print(f"| trace bytes | {kv['trace_bytes'] / mb:,.2f} MB |")
-    print(f"| (a) full-body JSONL | {kv['full_body_jsonl_bytes'] / mb:,.0f} MB "
-          f"(**{kv['ratio_full_jsonl_over_trace']:,.0f}x** the trace) |")
-    print(f"| (b) zstd-3 of unique content | {kv['zstd3_unique_bytes'] / mb:,.2f} MB "
-          f"(trace is **{kv['ratio_trace_over_zstd3_unique']:.2f}x**) |")
-    print(f"| zstd-19 of unique content | {kv['zstd19_unique_bytes'] / mb:,.2f} MB "
-          f"(trace is {kv['ratio_trace_over_zstd19_unique']:.2f}x) |")
+    print(
+        f"| (a) full-body JSONL | {kv['full_body_jsonl_bytes'] / mb:,.0f} MB "
+        f"(**{kv['ratio_full_jsonl_over_trace']:,.0f}x** the trace) |"
+    )
+    print(
+        f"| (b) zstd-3 of unique content | {kv['zstd3_unique_bytes'] / mb:,.2f} MB "
+        f"(trace is **{kv['ratio_trace_over_zstd3_unique']:.2f}x**) |"
+    )
+    print(
+        f"| zstd-19 of unique content | {kv['zstd19_unique_bytes'] / mb:,.2f} MB "
+        f"(trace is {kv['ratio_trace_over_zstd19_unique']:.2f}x) |"
+    )
     print(f"| source .json.gz files | {kv['source_gzip_bytes'] / mb:,.2f} MB |")
     print(f"| import wall time | {kv['import_seconds']:.1f} s |")
     print(f"| import peak RSS | {kv['import_peak_rss_bytes'] / mb:,.0f} MB |")
     figures: dict[str, Any] = {"kv_cache_tester": kv}
     if not opts.skip_big:
-        big = bench_big(OUT / ("synth-200mb.arrow" if opts.quick else "synth-2gb.arrow"),
-                        opts.quick)
+        big = bench_big(
+            OUT / ("synth-200mb.arrow" if opts.quick else "synth-2gb.arrow"), opts.quick
+        )
         figures["synthetic"] = big
         print("\n| synthetic chat trace | value |\n|---|---|")
-        print(f"| trace bytes | {big['trace_bytes'] / 1e9:,.2f} GB ({big['requests']:,} "
-              f"requests, {big['sessions']:,} sessions) |")
+        print(
+            f"| trace bytes | {big['trace_bytes'] / 1e9:,.2f} GB ({big['requests']:,} "
+            f"requests, {big['sessions']:,} sessions) |"
+        )
         print(f"| expanded bodies | {big['expanded_bytes'] / 1e9:,.0f} GB |")
         if big["generate_seconds"] is not None:
             print(f"| synth time | {big['generate_seconds']:.0f} s |")
         print(f"| open -> first reconstructed body | {big['open_to_first_body_ms']:.0f} ms |")
-        print(f"| reconstruction | {big['reconstruct_requests_per_s']:,.0f} req/s, "
-              f"{big['reconstruct_mb_per_s']:,.0f} MB/s of bodies |")
-        print(f"| reconstruction peak RSS | {big['reconstruct_peak_rss_bytes'] / 1e6:,.0f} MB |")
+        print(
+            f"| reconstruction | {big['reconstruct_requests_per_s']:,.0f} req/s, "
+            f"{big['reconstruct_mb_per_s']:,.0f} MB/s of bodies |"
+        )
+        print(
+            f"| reconstruction peak RSS | {big['reconstruct_peak_rss_bytes'] / 1e6:,.0f} MB "
+            f"(at the end: {big['reconstruct_end_rss_anon_bytes'] / 1e6:,.0f} MB heap, "
+            f"{big['reconstruct_end_rss_file_bytes'] / 1e6:,.0f} MB mapped trace pages) |"
+        )
     return figures

@@ -63,7 +63,7 @@ def prepare_out(out: Path | None, force: bool) -> Path:
             out = Path("runs") / f"{stamp}-{n}"
     if out.exists() and any(out.iterdir()) and not force:
         raise UsageError(f"{out} exists and is not empty (use --force or another --out)")
-    out.mkdir(parents=True, exist_ok=True)
+    os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
     return out
 
 
@@ -99,6 +99,7 @@ async def replay_to_dir(
             TokenSpace(policy.token_range[0], policy.token_range[1], trace.tokens.salt)
         )
     plan = build_plan(trace, rows, policy)
+    os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
     writer = ResultsWriter(out / "results.arrow")
     prog = Progress(sys.stderr, len(rows)) if progress else None
     replay = Replay(trace, plan, policy, targets, writer, on_tick=prog.update if prog else None)
