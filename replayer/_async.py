@@ -10,6 +10,7 @@ TID251 bans the raw call everywhere else (see ``pyproject.toml``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -40,3 +41,13 @@ def spawn(coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
 def live_tasks() -> frozenset[asyncio.Task[Any]]:
     """Tasks started by :func:`spawn` that have not finished yet."""
     return frozenset(_live)
+
+
+async def wait_event(event: asyncio.Event, seconds: float) -> bool:
+    """Wait for ``event`` at most ``seconds``; True if it is set.
+
+    The periodic loops (health probes, scrapes, watchdogs) sleep with this so
+    that stopping them is immediate rather than one interval late."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
+    return event.is_set()

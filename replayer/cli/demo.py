@@ -34,6 +34,7 @@ def _say(msg: str = "") -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     import shutil
 
+    from replayer.monitor.watch import WatchConfig
     from replayer.replay.client import Target
     from replayer.replay.plan import select
     from replayer.replay.policy import ReplayPolicy
@@ -49,8 +50,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out.mkdir(parents=True)
     trace = Trace.open(args.trace)
     info = inspect_trace(trace)
-    _say(f"== trace {args.trace}: {info['requests']} requests, {info['sessions']} agent "
-         f"sessions, context up to {info['input_tokens']['max']:,} tokens")
+    _say(
+        f"== trace {args.trace}: {info['requests']} requests, {info['sessions']} agent "
+        f"sessions, context up to {info['input_tokens']['max']:,} tokens"
+    )
     _say(f"== starting the vLLM emulator with a hidden fault: {args.fault!r}")
     emu_dir = out / "emulator"
     with EmulatorProcess(["--speed", "10", "--fault", args.fault], workdir=emu_dir) as emu:
@@ -58,8 +61,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _say("== replaying at 10x recorded speed, strict trace order")
         rows = select(trace)
         policy = ReplayPolicy(speed=10.0, request_timeout=60.0)
-        outcome = asyncio.run(replay_to_dir(trace, rows, policy, [Target("emulator", emu.url)],
-                                            out / "run", command=["replayer", "demo"]))
+        watch = WatchConfig(health_interval=0.5, scrape_interval=0.5, stall_timeout=20.0)
+        outcome = asyncio.run(
+            replay_to_dir(
+                trace,
+                rows,
+                policy,
+                [Target("emulator", emu.url)],
+                out / "run",
+                command=["replayer", "demo"],
+                watch=watch,
+                processes={"emulator": emu},
+            )
+        )
         code = emu.wait_exit(30)
     _say()
     _say(render(outcome.summary))
@@ -68,8 +82,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _say("\n!! the emulator survived: the fault was not reached (unexpected)")
         return 1
     f = t["failure"]
-    _say(f"\n== caught: the server failed on request {f['request_id']} ({f['kind']}); it "
-         f"exited with code {code}, as single-API-server vLLM does after engine death")
+    _say(
+        f"\n== caught: {f.get('class', f['kind'])}: the server failed on request "
+        f"{f['request_id']} ({f['kind']}); it exited with code {code}, as single-API-server "
+        "vLLM does after engine death"
+    )
+    if f.get("inflight"):
+        _say(f"   in flight with it: {', '.join(f['inflight'])}")
     _say(f"   every request is accounted for: {t['status']}")
     _say(f"   results: {out / 'run' / 'results.arrow'}, summary: {out / 'run' / 'summary.json'}")
     _say(f"   server log: {emu_dir / 'server.log'}")

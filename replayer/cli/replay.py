@@ -91,6 +91,79 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-output", action="store_true", help="keep response texts in results")
 
 
+def add_monitor_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("monitor")
+    g.add_argument(
+        "--health-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="poll /health every S seconds (default 1)",
+    )
+    g.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="scrape /metrics every S seconds into RUN/metrics.arrow (default 2)",
+    )
+    g.add_argument(
+        "--scrape",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="also scrape this Prometheus endpoint (repeatable: node, GPU exporters)",
+    )
+    g.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="hang: no token progress for S seconds while /health stays 200 "
+        "(pending prefills get S + tokens / --min-prefill-rate)",
+    )
+    g.add_argument(
+        "--min-prefill-rate",
+        type=float,
+        default=1000.0,
+        metavar="TOK_S",
+        help="prefill tokens/s any healthy server beats (default 1000)",
+    )
+    g.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="after a failure, watch S seconds more before classifying (default 10)",
+    )
+    g.add_argument(
+        "--no-monitor", action="store_true", help="no health polling, scraping or hang watchdog"
+    )
+
+
+def watch_from(args: argparse.Namespace) -> Any:
+    from replayer.monitor.watch import WatchConfig
+
+    if args.no_monitor:
+        return None
+    for name in ("health_interval", "scrape_interval", "stall_timeout", "min_prefill_rate"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.settle < 0:
+        raise UsageError("--settle must not be negative")
+    for url in args.scrape:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--scrape {url!r}: want an http(s) URL")
+    return WatchConfig(
+        health_interval=args.health_interval,
+        scrape_interval=args.scrape_interval,
+        scrape=tuple(args.scrape),
+        stall_timeout=args.stall_timeout,
+        min_prefill_rate=args.min_prefill_rate,
+        settle=args.settle,
+    )
+
+
 def add_selection_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("selection (ids, or inclusive 0-based ranges A..B)")
     g.add_argument("--limit", type=int, default=None, metavar="N", help="first N requests")
@@ -139,6 +212,7 @@ def register(sub: Any) -> None:
     p.add_argument("trace", type=Path, metavar="TRACE")
     add_target_arguments(p)
     add_policy_arguments(p)
+    add_monitor_arguments(p)
     add_selection_arguments(p)
     p.add_argument(
         "--out",
@@ -243,6 +317,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from replayer.trace.reader import Trace
 
     policy = policy_from(args)
+    watch = watch_from(args)
     targets = targets_from(args)
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
@@ -258,6 +333,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             command=sys.argv,
             selection=selection,
             progress=not args.quiet,
+            watch=watch,
         )
     )
     if args.json:

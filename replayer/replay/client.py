@@ -140,13 +140,14 @@ async def send(
     request_timeout: float,
     keep_text: bool = False,
     sent: asyncio.Future[None] | None = None,
+    stats: StreamStats | None = None,
 ) -> StreamStats:
     """Send one request and fill ``result`` (times relative to ``t0``).
 
     ``sent`` resolves once the body is handed to the transport (needs a
     session made with :func:`sent_tracing`), or when the request ends."""
     loop = asyncio.get_running_loop()
-    stats = StreamStats()
+    stats = stats if stats is not None else StreamStats()
     if keep_text:
         stats.keep_text()
     started = False

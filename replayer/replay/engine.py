@@ -22,20 +22,25 @@ ticks; lag is what the results report, so it should be the replayer's own).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
 from replayer._async import spawn
+from replayer.monitor.metrics import MetricsWriter
+from replayer.monitor.watch import FailureReport, InFlight, ProcessProbe, TargetWatch, WatchConfig
 from replayer.replay import client
 from replayer.replay.client import Target, TargetFacts
 from replayer.replay.plan import Plan
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy
 from replayer.replay.results import Result, ResultsWriter, Status
+from replayer.replay.sse import StreamStats
 from replayer.trace.reader import BodyBuilder, Trace
 from replayer.trace.schema import Kind
 
@@ -87,19 +92,34 @@ class TargetRun:
     errors: int = 0
     last_lag_us: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    inflight_map: dict[int, InFlight] = field(default_factory=dict)
+    watch: TargetWatch | None = None
+    report: FailureReport | None = None
+    aborting: bool = False
     # live mode: per session, (position in context, recorded reply replaced by live JSON)
     live_subs: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     context_len: dict[int, int] = field(default_factory=dict)
 
     def fail(self, failure: Failure, *, stop: bool = True) -> None:
-        """Declare the target failed (first failure wins); stop dispatching to it."""
+        """Declare the target failed (first failure wins); stop dispatching to it.
+
+        This is the monitor seam: the engine calls it for a failing request,
+        the watch for health failures and hangs."""
         if self.failure is None:
             self.failure = failure
+            if self.watch is not None:
+                self.watch.mark_failed(failure.at_us / 1e6)
             log.warning(
                 "target %s failed: %s (%s)", self.target.name, failure.kind, failure.message
             )
         if stop:
             self.stopped.set()
+
+    def abort_inflight(self) -> None:
+        """Cancel every request on the wire (a hung target never answers)."""
+        self.aborting = True
+        for t in list(self.tasks):
+            t.cancel()
 
     def complete(self, i: int, when: float) -> None:
         self.done_at[i] = when
@@ -127,6 +147,9 @@ class Replay:
         writer: ResultsWriter,
         *,
         on_tick: Callable[[Replay], None] | None = None,
+        watch: WatchConfig | None = None,
+        out: Path | None = None,
+        processes: dict[str, ProcessProbe] | None = None,
     ) -> None:
         self.trace = trace
         self.plan = plan
@@ -135,6 +158,10 @@ class Replay:
         self.writer = writer
         self.on_tick = on_tick
         self.runs: dict[str, TargetRun] = {}
+        self.watch_config = watch
+        self.out = out
+        self.processes = processes or {}
+        self.metrics: MetricsWriter | None = None
         self.t0 = 0.0
         self.facts: dict[str, TargetFacts] = {}
         self.started = False
@@ -211,10 +238,18 @@ class Replay:
                 else None,
             )
             self.runs[t.name] = run
+        if self.watch_config is not None:
+            if self.out is not None:
+                self.metrics = MetricsWriter(self.out / "metrics.arrow")
+            for run in self.runs.values():
+                run.watch = self._make_watch(run)
         ticker = spawn(self._tick(), name="replay-progress") if self.on_tick else None
         try:
             # T0 after every set-up step: no request is late because of start-up.
             self.t0 = loop.time() + 0.005
+            for run in self.runs.values():
+                if run.watch is not None:
+                    run.watch.start(self.t0)
             self.started = True
             async with asyncio.TaskGroup() as tg:
                 for run in self.runs.values():
@@ -236,11 +271,65 @@ class Replay:
                         r.error_class = "target_failed" if run.failure else "interrupted"
                         self.writer.add(r)
                 await run.session.close()
+            await asyncio.gather(*(self._conclude(run) for run in self.runs.values()))
+            if self.metrics is not None:
+                self.metrics.close()
             self.finished = True
             if ticker is not None:
                 ticker.cancel()
                 if self.on_tick:
                     self.on_tick(self)
+
+    def _make_watch(self, run: TargetRun) -> TargetWatch:
+        assert self.watch_config is not None
+
+        def on_failure(kind: str, message: str) -> None:
+            at = round(self.now() * 1e6)
+            stop = self.policy.on_failure is OnFailure.STOP or kind == "hang"
+            run.fail(Failure(kind=kind, message=message, at_us=at), stop=stop)
+
+        return TargetWatch(
+            name=run.target.name,
+            url=run.target.url,
+            config=self.watch_config,
+            inflight=run.inflight_map,
+            on_failure=on_failure,
+            abort=run.abort_inflight,
+            writer=self.metrics,
+            process=self.processes.get(run.target.name),
+            out=self.out,
+        )
+
+    async def _conclude(self, run: TargetRun) -> None:
+        """Settle, classify and report a failure; stop the watch."""
+        w = run.watch
+        if w is None:
+            return
+        try:
+            if run.failure is not None:
+                await w.settle()
+                f = run.failure
+                first = next((r for r in run.results if r.seq is not None and r.seq == f.seq), None)
+                at_us = f.at_us
+                inflight = [
+                    r.request_id
+                    for r in run.results
+                    if r.dispatched_us is not None
+                    and r.dispatched_us <= at_us
+                    and (r.done_us is None or r.done_us >= at_us)
+                    and r is not first
+                ]
+                run.report = w.report(
+                    kind=f.kind,
+                    message=f.message,
+                    request_id=f.request_id,
+                    seq=f.seq,
+                    error_class=first.error_class if first else None,
+                    http_status=first.http_status if first else None,
+                    inflight=inflight,
+                )
+        finally:
+            await w.stop()
 
     async def _tick(self) -> None:
         while True:
@@ -370,7 +459,11 @@ class Replay:
                 if run.stopped.is_set():
                     run.slots.release()
                     return
-            await self._send(run, i, at, body)
+            task = spawn(self._send(run, i, at, body), name=f"send-{run.target.name}-{i}")
+            run.tasks.add(task)
+            task.add_done_callback(run.tasks.discard)
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # its completion is the session's next dependency
 
     async def _send(
         self,
@@ -395,8 +488,10 @@ class Replay:
         if self.policy.session_header:
             headers[self.policy.session_header] = self._sid[row]
         url = run.target.url.rstrip("/") + self._path[row]
+        stats = StreamStats()
+        run.inflight_map[i] = InFlight(i, r.request_id, now - self.t0, self._tokens[row], stats)
         try:
-            stats = await client.send(
+            await client.send(
                 run.session,
                 url,
                 body,
@@ -406,11 +501,25 @@ class Replay:
                 request_timeout=self.policy.request_timeout,
                 keep_text=self.policy.save_output or self.policy.mode is Mode.LIVE,
                 sent=sent,
+                stats=stats,
             )
+        except asyncio.CancelledError:
+            if not run.aborting:
+                raise
+            # aborted by the hang watchdog: the request never finished
+            r.status = Status.TIMEOUT
+            r.error_class = "hang"
+            r.error = "aborted: the target stopped making progress"
+            r.done_us = round((loop.time() - self.t0) * 1e6)
+            if sent is not None and not sent.done():
+                sent.set_result(None)
         finally:
             run.inflight -= 1
+            run.inflight_map.pop(i, None)
             if run.slots is not None:
                 run.slots.release()
+        if run.watch is not None:
+            run.watch.completed(r.request_id, r.error if r.status is not Status.OK else None)
         if self.policy.mode is Mode.LIVE and r.status is Status.OK and i in run.context_len:
             self._thread_live_reply(run, i, stats.assistant_message())
         if r.status is not Status.OK:

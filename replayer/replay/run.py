@@ -14,7 +14,7 @@ import datetime as _dt
 import hashlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import orjson
 from replayer import __version__
 from replayer._async import spawn
 from replayer.errors import UsageError
+from replayer.monitor.watch import ProcessProbe, WatchConfig
 from replayer.replay.client import Target, TargetUnreachable
 from replayer.replay.engine import Replay
 from replayer.replay.plan import build_plan
@@ -91,6 +92,8 @@ async def replay_to_dir(
     command: list[str] | None = None,
     selection: dict[str, Any] | None = None,
     progress: bool = True,
+    watch: WatchConfig | None = None,
+    processes: dict[str, ProcessProbe] | None = None,
 ) -> RunOutcome:
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
@@ -102,7 +105,17 @@ async def replay_to_dir(
     os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
     writer = ResultsWriter(out / "results.arrow")
     prog = Progress(sys.stderr, len(rows)) if progress else None
-    replay = Replay(trace, plan, policy, targets, writer, on_tick=prog.update if prog else None)
+    replay = Replay(
+        trace,
+        plan,
+        policy,
+        targets,
+        writer,
+        on_tick=prog.update if prog else None,
+        watch=watch,
+        out=out,
+        processes=processes,
+    )
     started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
     run_info: dict[str, Any] = {
         "replayer_version": __version__,
@@ -117,6 +130,7 @@ async def replay_to_dir(
         "selection": {**(selection or {}), "count": len(rows)},
         "policy": policy.to_dict(),
         "targets": [{"name": t.name, "url": t.url} for t in targets],
+        "watch": asdict(watch) if watch is not None else None,
     }
     # hashing a multi-GB trace takes seconds: do it beside the replay
     hashing = spawn(asyncio.to_thread(sha256_file, trace.path), name="trace-sha256")
@@ -144,7 +158,8 @@ async def replay_to_dir(
     run_info["t0_offset_note"] = "result times are microseconds after T0"
     _write_json(out / "run.json", run_info)
     targets_summary = {
-        name: summarize_target(run.results, run.failure) for name, run in replay.runs.items()
+        name: summarize_target(run.results, run.failure, run.report)
+        for name, run in replay.runs.items()
     }
     failed = any(t["failed"] for t in targets_summary.values())
     code = EXIT_FAILED if failed else EXIT_OK

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from replayer.monitor.watch import FailureReport
 from replayer.replay.engine import Failure
 from replayer.replay.results import Result, Status
 from replayer.trace.stats import percentile
@@ -34,7 +35,9 @@ def _dist_ms(values_us: Sequence[int]) -> dict[str, float | None]:
     }
 
 
-def summarize_target(results: Sequence[Result], failure: Failure | None) -> dict[str, Any]:
+def summarize_target(
+    results: Sequence[Result], failure: Failure | None, report: FailureReport | None = None
+) -> dict[str, Any]:
     counts = Counter(r.status.value for r in results)
     sent = [r for r in results if r.seq is not None]
     ok = [r for r in sent if r.status is Status.OK]
@@ -61,7 +64,7 @@ def summarize_target(results: Sequence[Result], failure: Failure | None) -> dict
         "status": dict(sorted(counts.items())),
         "error_classes": dict(sorted(errors.items())),
         "failed": failure is not None,
-        "failure": failure.to_dict() if failure else None,
+        "failure": _failure(failure, report),
         "span_s": round(span, 6),
         "throughput_rps": round(len(ok) / span, 3) if span else None,
         "output_tokens_per_s": round(out_tokens / span, 1) if span else None,
@@ -75,6 +78,17 @@ def summarize_target(results: Sequence[Result], failure: Failure | None) -> dict
     }
 
 
+def _failure(failure: Failure | None, report: FailureReport | None) -> dict[str, Any] | None:
+    if failure is None:
+        return None
+    out = failure.to_dict()
+    if report is not None:
+        r = report.to_dict()
+        out["class"] = r.pop("class")
+        out.update({k: v for k, v in r.items() if k not in out})
+    return out
+
+
 def render(summary: dict[str, Any]) -> str:
     """The human summary printed after a replay."""
     lines = []
@@ -86,10 +100,14 @@ def render(summary: dict[str, Any]) -> str:
         )
         if t["failure"]:
             f = t["failure"]
+            cls = f" [{f['class']}]" if f.get("class") else ""
+            on = f" on request {f['request_id']} (#{f['seq']})" if f["request_id"] else ""
             lines.append(
-                f"  failure: {f['kind']} at {f['at_s']:.3f} s on request "
-                f"{f['request_id']} (#{f['seq']}): {f['message'][:200]}"
+                f"  failure{cls}: {f['kind']} at {f['at_s']:.3f} s{on}: {f['message'][:200]}"
             )
+            if f.get("inflight"):
+                more = " ..." if len(f["inflight"]) > 8 else ""
+                lines.append(f"  in flight then: {', '.join(f['inflight'][:8])}{more}")
         lines.append(f"  ttft {_dist_text(t['ttft_ms'])}")
         lines.append(f"  e2e  {_dist_text(t['e2e_ms'])}")
         lines.append(f"  lag  {_dist_text(t['lag_ms'])}")

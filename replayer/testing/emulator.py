@@ -118,6 +118,10 @@ class EmulatorProcess:
         """``http://127.0.0.1:<port>`` (no trailing slash; the API is under ``/v1``)."""
         return f"http://{self.host}:{self.port}"
 
+    def exited(self) -> bool:
+        """The process has ended (the monitor's :class:`ProcessProbe`)."""
+        return self._proc is not None and self._proc.poll() is not None
+
     @property
     def returncode(self) -> int | None:
         return self.proc.poll()

@@ -1,0 +1,183 @@
+"""Scraping Prometheus endpoints into ``RUN/metrics.arrow``.
+
+Every ``interval`` seconds each source (the vLLM server's ``/metrics``, and
+any ``--scrape URL`` such as a node or GPU exporter) is read and parsed with
+prometheus_client's own text parser; every sample becomes a row
+``(t, source, name, labels, value)`` with ``t`` in seconds after the replay's
+anchor and ``labels`` a JSON object with sorted keys (so equal label sets are
+equal strings, whatever order the server printed them in). The file is an
+Arrow IPC stream flushed after every scrape: a killed run keeps its series.
+The last raw exposition of each source is kept in memory, so the one just
+before a failure can be written out whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from prometheus_client.parser import text_string_to_metric_families
+
+from replayer._async import wait_event
+
+log = logging.getLogger("replayer.monitor")
+
+SCHEMA = pa.schema(
+    [
+        ("t", pa.float64()),
+        ("source", pa.dictionary(pa.int32(), pa.string())),
+        ("name", pa.dictionary(pa.int32(), pa.string())),
+        ("labels", pa.dictionary(pa.int32(), pa.string())),
+        ("value", pa.float64()),
+    ]
+)
+
+
+def parse_samples(text: str) -> Iterator[tuple[str, str, float]]:
+    """(sample name, labels JSON, value) for every sample of an exposition."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            yield s.name, orjson.dumps(s.labels, option=orjson.OPT_SORT_KEYS).decode(), s.value
+
+
+@dataclass
+class Scrape:
+    t: float
+    source: str
+    text: str
+
+
+class MetricsWriter:
+    """Appends scrapes to an Arrow stream; one batch per scrape."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sink = pa.OSFile(str(path), "wb")
+        self._w = ipc.new_stream(
+            self._sink,
+            SCHEMA,
+            options=ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True),
+        )
+        self.rows = 0
+
+    def add(self, scrape: Scrape) -> int:
+        names, labels, values = [], [], []
+        for n, lab, v in parse_samples(scrape.text):
+            names.append(n)
+            labels.append(lab)
+            values.append(v)
+        if not names:
+            return 0
+        k = len(names)
+        batch = pa.record_batch(
+            [
+                pa.array([scrape.t] * k, pa.float64()),
+                pa.array([scrape.source] * k).dictionary_encode(),
+                pa.array(names).dictionary_encode(),
+                pa.array(labels).dictionary_encode(),
+                pa.array(values, pa.float64()),
+            ],
+            schema=SCHEMA,
+        )
+        # each batch carries its own dictionaries: replacement, which streams allow
+        self._w.write_batch(batch)
+        self._sink.flush()
+        self.rows += k
+        return k
+
+    def close(self) -> None:
+        if not self._sink.closed:
+            self._w.close()
+            self._sink.close()
+
+
+@dataclass
+class MetricsScraper:
+    """Scrapes ``sources`` every ``interval`` seconds until stopped."""
+
+    sources: list[str]
+    writer: MetricsWriter | None
+    interval: float = 2.0
+    timeout: float = 5.0
+    t0: float = 0.0
+    last: dict[str, Scrape] = field(default_factory=dict)
+    history: dict[str, list[Scrape]] = field(default_factory=dict)
+    keep: int = 8
+    errors: int = 0
+
+    async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        loop = asyncio.get_running_loop()
+        for url in self.sources:
+            t = loop.time() - self.t0
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+                    if r.status != 200:
+                        self.errors += 1
+                        continue
+                    text = (await r.read()).decode(errors="replace")
+            except (aiohttp.ClientError, TimeoutError):
+                self.errors += 1
+                continue
+            s = Scrape(t=t, source=url, text=text)
+            self.last[url] = s
+            hist = self.history.setdefault(url, [])
+            hist.append(s)
+            del hist[: -self.keep]
+            if self.writer is not None:
+                try:
+                    self.writer.add(s)
+                except ValueError as exc:  # not Prometheus text: keep going
+                    self.errors += 1
+                    log.warning("metrics from %s did not parse: %s", url, exc)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
+            while not stop.is_set():
+                await self.scrape_once(session)
+                await wait_event(stop, self.interval)
+
+    def before(self, t: float) -> dict[str, Scrape]:
+        """The last scrape of each source taken at or before ``t``."""
+        out: dict[str, Scrape] = {}
+        for url, hist in self.history.items():
+            prior = [s for s in hist if s.t <= t]
+            if prior:
+                out[url] = prior[-1]
+        return out
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every sample row of a run's metrics.arrow (a torn tail is dropped)."""
+    rows: list[dict[str, Any]] = []
+    with pa.memory_map(str(path)) as src:
+        reader = ipc.open_stream(src)
+        while True:
+            try:
+                rows.extend(reader.read_next_batch().to_pylist())
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError):
+                break
+    return rows
+
+
+def series(rows: list[dict[str, Any]], name: str, **labels: str) -> list[tuple[float, float]]:
+    """(t, value) of one metric, optionally filtered by label values."""
+    out = []
+    for r in rows:
+        if r["name"] != name:
+            continue
+        if labels:
+            have = orjson.loads(r["labels"])
+            if any(have.get(k) != v for k, v in labels.items()):
+                continue
+        out.append((r["t"], r["value"]))
+    return out

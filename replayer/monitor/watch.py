@@ -1,0 +1,273 @@
+"""Watching one target during a replay: health, metrics, progress, verdict.
+
+A :class:`TargetWatch` runs beside a target's dispatch: it probes
+``/health``, scrapes metrics, and runs the hang watchdog. When the target
+fails (the engine reports the first failing request, or health alone shows
+the engine dead or the process gone), it keeps probing through a settle
+window, then classifies the failure (:mod:`replayer.monitor.classify`) and
+assembles the report: when, the first failing request, what was in flight
+and recently completed, the health timeline around it, and the last metrics
+before it.
+
+The watchdog fires ``hang`` when no in-flight request has made token
+progress for ``stall_timeout`` seconds while the server still answers
+``/health`` 200, and only once every request still waiting for its first
+token has waited past its prefill allowance (``stall_timeout + input tokens
+/ min_prefill_rate``): a long prefill sends no bytes for minutes, and that
+is not a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from replayer._async import spawn, wait_event
+from replayer.monitor.classify import Evidence, FailureClass, classify, is_engine_death_message
+from replayer.monitor.health import HealthMonitor, Probe
+from replayer.monitor.metrics import MetricsScraper, MetricsWriter
+
+log = logging.getLogger("replayer.monitor")
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    health_interval: float = 1.0
+    health_timeout: float = 2.0
+    scrape_interval: float = 2.0
+    scrape: tuple[str, ...] = ()
+    """Extra Prometheus endpoints (node, GPU exporters)."""
+    scrape_target: bool = True
+    """Scrape the target's own ``/metrics``."""
+    stall_timeout: float = 60.0
+    min_prefill_rate: float = 1000.0
+    """Prefill tokens per second a healthy server always beats (allowance)."""
+    settle: float = 10.0
+    """Seconds to keep probing after a failure before classifying it."""
+    health_failures: int = 2
+    """Consecutive 503/refused probes that fail the target on their own."""
+
+
+@dataclass
+class InFlight:
+    """A request on the wire, as the watchdog sees it."""
+
+    index: int
+    request_id: str
+    dispatched: float
+    """Seconds after T0."""
+    input_tokens: int
+    stats: Any
+    """Its :class:`~replayer.replay.sse.StreamStats` (``first_token``,
+    ``last_token`` in loop time)."""
+
+
+class ProcessProbe(Protocol):
+    """A launched server process, when replayer owns it."""
+
+    def exited(self) -> bool: ...
+
+
+@dataclass
+class FailureReport:
+    failure_class: FailureClass
+    at: float
+    request_id: str | None
+    seq: int | None
+    kind: str
+    message: str
+    inflight: list[str]
+    recent: list[str]
+    health: list[Probe]
+    metrics_file: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.failure_class.value,
+            "at_s": round(self.at, 6),
+            "request_id": self.request_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "message": self.message,
+            "inflight": self.inflight,
+            "recent": self.recent,
+            "health": [p.to_dict() for p in self.health],
+            "metrics_snapshot": self.metrics_file,
+        }
+
+
+@dataclass
+class TargetWatch:
+    """The monitor of one target for one replay."""
+
+    name: str
+    url: str
+    config: WatchConfig
+    inflight: dict[int, InFlight]
+    on_failure: Callable[[str, str], None]
+    """Called as ``(kind, message)`` when the watch itself fails the target."""
+    abort: Callable[[], None]
+    """Cancels the requests in flight (after a hang)."""
+    writer: MetricsWriter | None = None
+    process: ProcessProbe | None = None
+    out: Path | None = None
+    recent: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=32))
+    hang: bool = False
+    failed_at: float | None = None
+    death_bodies: int = 0
+    health: HealthMonitor = field(init=False)
+    scraper: MetricsScraper = field(init=False)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    t0: float = 0.0
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.health = HealthMonitor(self.url, interval=c.health_interval, timeout=c.health_timeout)
+        sources = ([self.url.rstrip("/") + "/metrics"] if c.scrape_target else []) + list(c.scrape)
+        self.scraper = MetricsScraper(sources, self.writer, interval=c.scrape_interval)
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self.health.t0 = t0
+        self.scraper.t0 = t0
+        self._tasks = [
+            spawn(self._health_loop(), name=f"health-{self.name}"),
+            spawn(self._watchdog(), name=f"watchdog-{self.name}"),
+        ]
+        if self.scraper.sources:
+            self._tasks.append(spawn(self.scraper.run(self._stop), name=f"scrape-{self.name}"))
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time() - self.t0
+
+    def completed(self, request_id: str, failed_message: str | None) -> None:
+        """The engine reports every settled request (for ``recent``)."""
+        self.recent.append((self.now(), request_id))
+        if is_engine_death_message(failed_message):
+            self.death_bodies += 1
+
+    def mark_failed(self, at: float) -> None:
+        if self.failed_at is None:
+            self.failed_at = at
+
+    async def _health_loop(self) -> None:
+        c = self.config
+        while not self._stop.is_set():
+            p = await self.health.probe()
+            if (
+                self.failed_at is None
+                and self.health.consecutive_failures >= c.health_failures
+                and (p.status == 503 or p.error == "refused")
+            ):
+                what = "engine dead: /health 503" if p.status == 503 else "connection refused"
+                self.on_failure("health", f"{what} on {c.health_failures} probes in a row")
+            await wait_event(self._stop, c.health_interval)
+
+    def _stalled(self, loop_now: float) -> bool:
+        """The watchdog's rule (see the module docstring)."""
+        c = self.config
+        if not self.inflight:
+            return False
+        last_progress = max((self.t0 + t for t, _ in self.recent), default=self.t0)
+        for f in self.inflight.values():
+            st = f.stats
+            if st.last_token is not None:
+                last_progress = max(last_progress, st.last_token)
+            else:
+                allowance = c.stall_timeout + f.input_tokens / c.min_prefill_rate
+                if loop_now - (self.t0 + f.dispatched) < allowance:
+                    return False  # a prefill still within its time
+                last_progress = max(last_progress, self.t0 + f.dispatched)
+        if loop_now - last_progress < c.stall_timeout:
+            return False
+        last = self.health.last()
+        return last is not None and last.ok
+
+    async def _watchdog(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick = min(0.5, self.config.stall_timeout / 4)
+        while not self._stop.is_set():
+            await wait_event(self._stop, tick)
+            if self.failed_at is None and self._stalled(loop.time()):
+                self.hang = True
+                self.on_failure(
+                    "hang",
+                    f"no token progress on {len(self.inflight)} in-flight request(s) for "
+                    f"{self.config.stall_timeout:g} s while /health stays 200",
+                )
+                self.abort()
+
+    async def settle(self) -> None:
+        """After a failure: probe until the process is gone or the settle
+        window has passed, so the verdict does not depend on timing."""
+        if self.failed_at is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = self.t0 + self.failed_at + self.config.settle
+        for _ in range(10_000):
+            if loop.time() >= deadline:
+                break
+            if self.process is not None and self.process.exited():
+                break
+            last = self.health.last()
+            if last is not None and last.error == "refused" and last.t >= self.failed_at:
+                break
+            await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.health.close()
+
+    def report(
+        self,
+        *,
+        kind: str,
+        message: str,
+        request_id: str | None,
+        seq: int | None,
+        error_class: str | None,
+        http_status: int | None,
+        inflight: list[str],
+    ) -> FailureReport:
+        at = self.failed_at if self.failed_at is not None else self.now()
+        after = [p for p in self.health.timeline if p.t >= at - self.config.health_interval]
+        ev = Evidence(
+            error_class="hang" if self.hang else error_class,
+            http_status=http_status,
+            message=message,
+            probes_after=after,
+            process_exited=self.process is not None and self.process.exited(),
+            hang=self.hang,
+            death_bodies=self.death_bodies,
+        )
+        cls = classify(ev)
+        metrics_file = None
+        snap = self.scraper.before(at)
+        if self.out is not None and snap:
+            path = self.out / f"metrics-before-failure-{self.name}.txt"
+            path.write_text(
+                "".join(f"# source {s.source} at t={s.t:.3f}s\n{s.text}" for s in snap.values())
+            )
+            metrics_file = path.name
+        return FailureReport(
+            failure_class=cls,
+            at=at,
+            request_id=request_id,
+            seq=seq,
+            kind=kind,
+            message=message,
+            inflight=inflight,
+            recent=[rid for t, rid in self.recent if t <= at][-10:],
+            health=self.health.around(at),
+            metrics_file=metrics_file,
+        )

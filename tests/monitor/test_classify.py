@@ -1,0 +1,56 @@
+"""The classification rules, case by case (the evidence is built by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from replayer.monitor.classify import Evidence, FailureClass, classify, is_engine_death_message
+from replayer.monitor.health import Probe
+
+OK = Probe(t=1.0, status=200, latency=0.001)
+DEAD = Probe(t=1.0, status=503, latency=0.001)
+GONE = Probe(t=2.0, status=None, latency=0.001, error="refused")
+MSG_033 = "The server had an error while processing your request."
+MSG_OLD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+@pytest.mark.parametrize(
+    "ev,expected",
+    [
+        # engine died, the API answered 503 and then exited: process_exit
+        (Evidence("stream_error", 200, MSG_033, (DEAD, GONE)), FailureClass.PROCESS_EXIT),
+        (Evidence("stream_error", 200, MSG_033, (DEAD,), process_exited=True),
+         FailureClass.PROCESS_EXIT),
+        (Evidence("connect", None, "refused", ()), FailureClass.PROCESS_EXIT),
+        # engine dead, API stays up
+        (Evidence("stream_error", 200, MSG_033, (DEAD, DEAD)), FailureClass.ENGINE_DEAD),
+        (Evidence("http_500", 500, MSG_OLD, (OK,)), FailureClass.ENGINE_DEAD),
+        (Evidence("http_500", 500, "x", (OK,), death_bodies=2), FailureClass.ENGINE_DEAD),
+        # hangs
+        (Evidence("hang", None, "", (OK,), hang=True), FailureClass.HANG),
+        (Evidence("timeout", None, "no complete response", (OK,)), FailureClass.HANG),
+        (Evidence("timeout", None, "no complete response", ()), FailureClass.HANG),
+        # a cut stream on a healthy server
+        (Evidence("stream_cut", 200, "ended without [DONE]", (OK,)), FailureClass.STREAM_CUT),
+        (Evidence("disconnected", None, "reset", (OK,)), FailureClass.STREAM_CUT),
+        # other server errors, the server healthy
+        (Evidence("stream_error", 200, "Internal server error", (OK,)),
+         FailureClass.HTTP_5XX_OTHER),
+        (Evidence("http_503", 503, "The engine is currently busy", (OK,)),
+         FailureClass.HTTP_5XX_OTHER),
+        # the client's fault
+        (Evidence("http_400", 400, "maximum context length", (OK,)), FailureClass.CLIENT_ERROR),
+    ],
+)
+def test_rules(ev, expected):
+    assert classify(ev) is expected
+
+
+def test_engine_death_messages_of_every_version():
+    assert is_engine_death_message(MSG_033)
+    assert is_engine_death_message(MSG_OLD)
+    assert is_engine_death_message("MQLLMEngine is already dead, terminating server process")
+    assert not is_engine_death_message("Internal server error")
+    assert not is_engine_death_message("")
+    assert not is_engine_death_message(None)
+    assert not FailureClass.CLIENT_ERROR.is_crash and FailureClass.HANG.is_crash
