@@ -1,0 +1,273 @@
+"""Trials, outcomes and the oracle the search engines ask.
+
+A *trial* replays one candidate on a fresh (or reset) target and ends in one
+of five :class:`Outcome` values, never a boolean. The :class:`Oracle` turns
+outcomes into verdicts: a candidate is interesting on its first ``MATCH``;
+it is dismissed after ``r`` quiet runs, ``r`` from the crash rate measured so
+far (:mod:`replayer.minimize.stats`); ``INFRA`` is retried, then dismissed as
+unresolved. ``OTHER_FAILURE`` is a *new bug*: recorded with its witness,
+never accepted.
+
+Every trial and every verdict is appended to ``journal.jsonl`` before the
+search moves on; a killed bisect resumes by replaying the journal into the
+cache, so no finished trial is repeated. The crash rate pools the runs of
+every candidate that contains a candidate that matched (by monotonicity,
+those hold the culprits); while every such run has crashed (and at least
+``deterministic_after`` have), the crash is taken as deterministic and one
+quiet run dismisses a candidate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from replayer.minimize.stats import repeats_for, wilson
+
+
+class Outcome(StrEnum):
+    MATCH = "MATCH"
+    """The chased failure: same class, and same signature (or the --signature regex)."""
+    OTHER_FAILURE = "OTHER_FAILURE"
+    """Another crash: a new bug, recorded with its witness, never accepted."""
+    PASS = "PASS"
+    INVALID = "INVALID"
+    """The reduction broke the workload (e.g. new 4xx answers)."""
+    INFRA = "INFRA"
+    """The trial could not run (launch failure, unreachable target)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Positions in the source trace's order, plus the timing to replay them with."""
+
+    positions: tuple[int, ...]
+    timing: str = "recorded"
+    speed: float = 1.0
+
+    def key(self) -> str:
+        canon = orjson.dumps(
+            {"p": list(self.positions), "timing": self.timing, "speed": self.speed}
+        )
+        return hashlib.sha256(canon).hexdigest()[:24]
+
+    def covers(self, other: Candidate) -> bool:
+        """Same policy and a superset of ``other`` (so it holds its culprits)."""
+        return (self.timing, self.speed) == (other.timing, other.speed) and set(
+            other.positions
+        ) <= set(self.positions)
+
+
+@dataclass
+class TrialRecord:
+    trial: int
+    key: str
+    size: int
+    stage: str
+    outcome: Outcome
+    failure_class: str | None = None
+    signature: str | None = None
+    """Signature hash of the failure, if any."""
+    message: str | None = None
+    duration_s: float = 0.0
+    started_at: float = 0.0
+    run: str | None = None
+    """The trial's run directory, relative to the bisect directory."""
+    failed_request: str | None = None
+    suspects: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outcome"] = self.outcome.value
+        return d
+
+
+class Runner(Protocol):
+    """Runs one trial of a candidate (the real one drives a target)."""
+
+    async def run(self, candidate: Candidate, trial: int, stage: str) -> TrialRecord: ...
+
+
+class BudgetExhausted(Exception):
+    """The trial or time budget ran out; the best result so far stands."""
+
+
+@dataclass
+class Budget:
+    max_trials: int | None = None
+    max_time: float | None = None
+    """Seconds of wall clock, counted across resumes from the journal."""
+    spent_s: float = 0.0
+
+    def check(self, trials: int) -> None:
+        if self.max_trials is not None and trials >= self.max_trials:
+            raise BudgetExhausted(f"trial budget of {self.max_trials} used")
+        if self.max_time is not None and self.spent_s >= self.max_time:
+            raise BudgetExhausted(f"time budget of {self.max_time:g} s used")
+
+
+class Oracle:
+    """Verdicts over candidates, from cached and new trials (see module doc).
+
+    **Usage**::
+
+        oracle = Oracle(runner, journal=Path("bisect/journal.jsonl"))
+        if await oracle.test(candidate, stage="prefix"): ...
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        journal: Path,
+        *,
+        alpha: float = 0.05,
+        deterministic_after: int = 5,
+        infra_retries: int = 2,
+        p_floor: float = 0.05,
+        budget: Budget | None = None,
+    ) -> None:
+        self.runner = runner
+        self.journal = journal
+        self.alpha = alpha
+        self.deterministic_after = deterministic_after
+        self.infra_retries = infra_retries
+        self.p_floor = p_floor
+        self.budget = budget or Budget()
+        self.records: dict[str, list[TrialRecord]] = {}
+        self.candidates: dict[str, Candidate] = {}
+        self.verdicts: dict[str, bool] = {}
+        self.matched: list[Candidate] = []
+        self.bugs: dict[str, TrialRecord] = {}
+        """First witness of each OTHER_FAILURE signature."""
+        self.trials = 0
+        self.stage = ""
+        self.on_trial: list[Any] = []
+        self._load()
+
+    # -- journal ---------------------------------------------------------------
+
+    def _load(self) -> None:
+        if not self.journal.exists():
+            return
+        for line in self.journal.read_bytes().splitlines():
+            if not line.strip():
+                continue
+            try:
+                e = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                break  # a torn last line of a killed run: everything before it stands
+            if e.get("event") == "trial":
+                cand = Candidate(tuple(e["positions"]), e["timing"], e["speed"])
+                rec = TrialRecord(
+                    **{k: v for k, v in e["record"].items() if k != "outcome"},
+                    outcome=Outcome(e["record"]["outcome"]),
+                )
+                self._account(cand, rec)
+            elif e.get("event") == "verdict":
+                self.verdicts[e["key"]] = bool(e["value"])
+            elif e.get("event") == "time":
+                self.budget.spent_s = float(e["spent_s"])
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with self.journal.open("ab") as f:
+            f.write(orjson.dumps(entry) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _account(self, cand: Candidate, rec: TrialRecord) -> None:
+        key = cand.key()
+        self.candidates[key] = cand
+        self.records.setdefault(key, []).append(rec)
+        self.trials = max(self.trials, rec.trial)
+        if rec.outcome is Outcome.MATCH and not any(m == cand for m in self.matched):
+            self.matched.append(cand)
+        if rec.outcome is Outcome.OTHER_FAILURE and rec.signature:
+            self.bugs.setdefault(rec.signature, rec)
+
+    # -- statistics ------------------------------------------------------------
+
+    def crash_rate(self) -> tuple[int, int]:
+        """Matches and non-INFRA runs pooled over candidates known to hold the culprits."""
+        k = n = 0
+        for key, recs in self.records.items():
+            cand = self.candidates[key]
+            if not any(cand.covers(m) for m in self.matched):
+                continue
+            for r in recs:
+                if r.outcome is Outcome.INFRA:
+                    continue
+                n += 1
+                k += r.outcome is Outcome.MATCH
+        return k, n
+
+    def repeats(self, alpha: float | None = None) -> int:
+        """Quiet runs needed to dismiss a candidate now."""
+        k, n = self.crash_rate()
+        if n and k == n and k >= self.deterministic_after:
+            return 1
+        lo, _ = wilson(k, n)
+        return repeats_for(max(lo, self.p_floor), alpha if alpha is not None else self.alpha)
+
+    def counts(self, cand: Candidate) -> dict[Outcome, int]:
+        out = {o: 0 for o in Outcome}
+        for r in self.records.get(cand.key(), []):
+            out[r.outcome] += 1
+        return out
+
+    # -- verdicts --------------------------------------------------------------
+
+    async def run_once(self, cand: Candidate, stage: str) -> TrialRecord:
+        """One more trial of ``cand`` (journaled before it is used)."""
+        self.budget.check(self.trials)
+        t = time.monotonic()
+        rec = await self.runner.run(cand, self.trials + 1, stage)
+        self.budget.spent_s += time.monotonic() - t
+        self._account(cand, rec)
+        self._append(
+            {
+                "event": "trial",
+                "positions": list(cand.positions),
+                "timing": cand.timing,
+                "speed": cand.speed,
+                "record": rec.to_json(),
+            }
+        )
+        self._append({"event": "time", "spent_s": self.budget.spent_s})
+        for cb in self.on_trial:
+            cb(rec, cand)
+        return rec
+
+    async def test(self, cand: Candidate, *, stage: str = "", alpha: float | None = None) -> bool:
+        """Is ``cand`` interesting? Cached verdicts are final."""
+        key = cand.key()
+        if key in self.verdicts:
+            return self.verdicts[key]
+        infra_row = 0
+        for _ in range(1000):  # bounded: each pass runs a trial or decides
+            c = self.counts(cand)
+            if c[Outcome.MATCH]:
+                return self._decide(key, True)
+            quiet = c[Outcome.PASS] + c[Outcome.OTHER_FAILURE] + c[Outcome.INVALID]
+            if quiet >= self.repeats(alpha):
+                return self._decide(key, False)
+            if infra_row > self.infra_retries:
+                return self._decide(key, False)  # unresolved counts as not interesting
+            rec = await self.run_once(cand, stage)
+            infra_row = infra_row + 1 if rec.outcome is Outcome.INFRA else 0
+        return self._decide(key, False)
+
+    def _decide(self, key: str, value: bool) -> bool:
+        self.verdicts[key] = value
+        self._append({"event": "verdict", "key": key, "value": value})
+        return value
+
+    def history(self) -> Sequence[TrialRecord]:
+        return sorted((r for recs in self.records.values() for r in recs), key=lambda r: r.trial)

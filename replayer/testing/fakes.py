@@ -1,0 +1,49 @@
+"""Fakes for the minimizer's tests and users' tests: a runner whose crashes
+are planted (``culprits`` crash with probability ``p``, seeded), so search
+properties can be checked in milliseconds and compared with ground truth."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from replayer.minimize.oracle import Candidate, Outcome, TrialRecord
+
+
+@dataclass
+class FakeRunner:
+    """A target whose chased crash needs every position in ``culprits``.
+
+    ``other`` plants a second, different bug (it shows as OTHER_FAILURE when
+    its positions are present and the chased crash does not fire); ``infra``
+    makes the first ``infra`` trials fail to launch."""
+
+    culprits: frozenset[int]
+    p: float = 1.0
+    seed: int = 0
+    other: frozenset[int] | None = None
+    infra: int = 0
+    calls: list[Candidate] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    async def run(self, candidate: Candidate, trial: int, stage: str) -> TrialRecord:
+        self.calls.append(candidate)
+        pos = set(candidate.positions)
+        outcome = Outcome.PASS
+        sig = None
+        if len(self.calls) <= self.infra:
+            outcome = Outcome.INFRA
+        elif self.culprits <= pos and self.rng.random() < self.p:
+            outcome, sig = Outcome.MATCH, "chased"
+        elif self.other is not None and self.other <= pos:
+            outcome, sig = Outcome.OTHER_FAILURE, "other"
+        return TrialRecord(
+            trial=trial,
+            key=candidate.key(),
+            size=len(pos),
+            stage=stage,
+            outcome=outcome,
+            signature=sig,
+        )
