@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -48,6 +48,9 @@ from replayer.trace.schema import (
     Kind,
 )
 from replayer.trace.tokens import BlockPrompts, TokenSpace
+
+if TYPE_CHECKING:
+    from replayer.trace.writer import RequestRecord
 
 log = logging.getLogger("replayer.trace")
 
@@ -459,6 +462,42 @@ class Trace:
         if out["output_tool_calls"] is not None:
             out["output_tool_calls"] = orjson.loads(out["output_tool_calls"])
         return out
+
+    def record(self, row: int, content: Any = None) -> RequestRecord:
+        """The row as a :class:`RequestRecord`, to write it into another trace
+        (a subset, a merge): same body, ids, timing and recorded outcome."""
+        from replayer.trace.writer import RequestRecord
+
+        c = self.column
+        kind = Kind(c("kind")[row])
+        out = self.outcome(row)
+        if content is None and kind is not Kind.RAW:
+            content = self.content(row)
+        return RequestRecord(
+            request_id=c("request_id")[row],
+            session_id=c("session_id")[row],
+            turn=c("turn")[row],
+            start_us=c("start_us")[row],
+            end_us=c("end_us")[row],
+            kind=kind,
+            params=orjson.loads(self.params_text(row)),
+            content=content,
+            path=c("path")[row],
+            block_size=c("block_size")[row],
+            block_ns=c("block_ns")[row],
+            input_tokens=c("input_tokens")[row],
+            body_sha256=c("body_sha256")[row],
+            status=out["status"],
+            ttft_us=out["ttft_us"],
+            finish_reason=out["finish_reason"],
+            output_text=out["output_text"],
+            output_tool_calls=out["output_tool_calls"],
+            usage_prompt_tokens=out["usage_prompt_tokens"],
+            usage_completion_tokens=out["usage_completion_tokens"],
+            usage_cached_tokens=out["usage_cached_tokens"],
+            error=out["error"],
+            meta=self.meta(row),
+        )
 
     def meta(self, row: int) -> dict[str, Any] | None:
         text = self._cell(row, "meta")

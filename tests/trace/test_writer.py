@@ -224,3 +224,23 @@ def test_malformed_chat_is_a_trace_error_and_the_writer_stays_usable(tmp_path, m
     t = Trace.open(tmp_path / "t.arrow")
     assert t.column("request_id") == ["ok0", "ok1"]
     assert t.body(1)["messages"][1] == {"role": "user", "content": "y"}
+
+
+def test_subset_keeps_bodies_ids_and_outcomes(tmp_path):
+    from replayer.trace.subset import write_subset
+
+    a, ba = growing_session(5, "a")
+    b, bb = growing_session(3, "b")
+    b[1].output_text, b[1].status = "reply", 200
+    t = write(tmp_path / "t.arrow", [x for pair in zip(a, b, strict=False) for x in pair] + a[3:])
+    rows = [t.row_of(r) for r in ("a0", "a2", "a4", "b1")]
+    n = write_subset(t, rows, tmp_path / "s.arrow", details={"why": "test"})
+    s = Trace.open(tmp_path / "s.arrow")
+    assert n == len(s) == 4
+    assert s.column("request_id") == ["a0", "b1", "a2", "a4"]  # trace order
+    for rid in ("a0", "a2", "a4", "b1"):
+        assert s.body(s.row_of(rid)) == t.body(t.row_of(rid))
+    assert s.outcome(s.row_of("b1"))["output_text"] == "reply"
+    # a2's base (a1) is gone: it deltas on a0, the previous kept turn
+    assert s.column("base")[s.row_of("a2")] == s.row_of("a0")
+    assert s.provenance["source"] == "subset" and s.provenance["why"] == "test"

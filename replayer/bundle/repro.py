@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Replay this repro bundle against an OpenAI-compatible server (vLLM).
+
+Standard library only: copy the bundle anywhere and run
+
+    python3 repro.py --url http://HOST:PORT
+
+It sends the requests of ``requests.jsonl`` in their recorded order and
+timing (each request no earlier than its recorded offset, and never before
+the previous turn of its session has completed plus its recorded think
+gap), streaming, with ``X-Request-Id`` set to the trace request id. It exits
+1 if the server failed (connection refused or reset, a 5xx, an error event
+inside a stream, a stream cut before ``[DONE]``, a timeout), 0 if every
+request completed, 2 on bad usage; it prints what happened to each request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(path: Path) -> list[dict]:
+    """The requests, in trace order (the file's order)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Result:
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.status = "not sent"
+        self.http = None
+        self.detail = ""
+        self.failed = False
+        self.done = threading.Event()
+        self.sent = threading.Event()
+        self.done_at = 0.0
+
+
+def send(
+    url: urllib.parse.SplitResult, row: dict, res: Result, args: argparse.Namespace, t0: float
+) -> None:
+    body = dict(row["body"])
+    if args.model:
+        body["model"] = args.model
+    if not args.no_stream:
+        body["stream"] = True
+        opts = dict(body.get("stream_options") or {})
+        opts["include_usage"] = True
+        body["stream_options"] = opts
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "X-Request-Id": row["request_id"],
+        "X-Session-Id": row["session_id"],
+    }
+    key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(url.hostname, url.port, timeout=args.timeout)
+    try:
+        try:
+            conn.request("POST", url.path.rstrip("/") + row["path"], body=data, headers=headers)
+        finally:
+            res.sent.set()
+        resp = conn.getresponse()
+        res.http = resp.status
+        if resp.status != 200:
+            text = resp.read().decode(errors="replace")
+            res.status = f"HTTP {resp.status}"
+            res.detail = text[:300]
+            res.failed = resp.status >= 500
+            return
+        if "text/event-stream" not in (resp.getheader("Content-Type") or ""):
+            resp.read()
+            res.status = "ok"
+            return
+        done = False
+        chunks = 0
+        for raw in resp:
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+                continue
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and ("error" in event or event.get("object") == "error"):
+                err = event.get("error", event)
+                res.status = "error event"
+                res.detail = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
+                res.failed = True
+            else:
+                chunks += 1
+        if not res.failed:
+            if done:
+                res.status = f"ok ({chunks} chunks)"
+            else:
+                res.status, res.detail, res.failed = "cut", "stream ended without [DONE]", True
+    except (ConnectionError, OSError, http.client.HTTPException) as exc:
+        timeout = isinstance(exc, TimeoutError)
+        res.status = "timeout" if timeout else "transport error"
+        res.detail = f"{type(exc).__name__}: {exc}"[:300]
+        res.failed = True
+    finally:
+        conn.close()
+        res.done_at = time.monotonic() - t0
+        res.done.set()
+
+
+def health(url: urllib.parse.SplitResult) -> str:
+    try:
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+        conn.request("GET", url.path.rstrip("/") + "/health")
+        status = conn.getresponse().status
+        conn.close()
+        return str(status)
+    except OSError as exc:
+        return f"no answer ({type(exc).__name__})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    ap.add_argument("--requests", type=Path, default=HERE / "requests.jsonl")
+    ap.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="divide recorded times by this (default: the bundle's policy)",
+    )
+    ap.add_argument("--timing", choices=("recorded", "asap"), default=None)
+    ap.add_argument("--model", default=None, help="replace the model of every body")
+    ap.add_argument(
+        "--api-key-env", default=None, metavar="VAR", help="send $VAR as the bearer token"
+    )
+    ap.add_argument("--no-stream", action="store_true", help="send bodies' own stream flag")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
+    args = ap.parse_args(argv)
+    url = urllib.parse.urlsplit(args.url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        print(
+            f"repro.py: error: --url must be http(s)://HOST:PORT, not {args.url!r}", file=sys.stderr
+        )
+        return 2
+    policy = {}
+    manifest = HERE / "manifest.json"
+    if manifest.exists():
+        policy = json.loads(manifest.read_text()).get("policy", {})
+    speed = args.speed or float(policy.get("speed", 1.0))
+    timing = args.timing or ("asap" if policy.get("timing") == "asap" else "recorded")
+    try:
+        rows = load(args.requests)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"repro.py: error: cannot read {args.requests}: {exc}", file=sys.stderr)
+        return 2
+    print(f"replaying {len(rows)} requests against {args.url} ({timing}, speed {speed:g})")
+    t0 = time.monotonic()
+    first = rows[0]["start_us"] if rows else 0
+    results = [Result(r["request_id"]) for r in rows]
+    last: dict[str, int] = {}
+    threads = []
+    for i, row in enumerate(rows):
+        if any(r.failed for r in results[:i]):
+            break  # the server failed: what follows is not sent
+        prev = last.get(row["session_id"])
+        at = 0.0 if timing == "asap" else (row["start_us"] - first) / 1e6 / speed
+        if prev is not None:
+            p = results[prev]
+            p.done.wait(args.timeout + 5)
+            gap = 0.0
+            pend = rows[prev].get("end_us")
+            if timing == "recorded" and pend is not None:
+                gap = max(0, row["start_us"] - pend) / 1e6 / speed
+            at = max(at, p.done_at + gap)
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        th = threading.Thread(target=send, args=(url, row, results[i], args, t0), daemon=True)
+        th.start()
+        threads.append(th)
+        results[i].sent.wait(args.timeout)  # strict order: on the wire before the next
+        last[row["session_id"]] = i
+    for th in threads:
+        th.join(args.timeout + 5)
+    failed = [r for r in results if r.failed]
+    for r in results:
+        print(f"  {r.rid:40s} {r.status}" + (f": {r.detail}" if r.detail else ""))
+    if failed:
+        print(
+            f"\nSERVER FAILED: first failure on {failed[0].rid} ({failed[0].status}); "
+            f"{sum(1 for r in results if r.status == 'not sent')} request(s) not sent; "
+            f"/health now: {health(url)}"
+        )
+        return 1
+    print(f"\nno failure: all {len(rows)} requests completed; /health: {health(url)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

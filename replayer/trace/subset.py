@@ -1,0 +1,36 @@
+"""Writing part of a trace as a trace of its own (bundles, bisect trials).
+
+Rows keep their request ids, sessions, turns, timing, bodies and recorded
+outcomes; the delta encoding is redone against what remains (a kept turn
+whose base was dropped deltas on the previous kept turn, or stands alone),
+so the subset is as compact as any trace and reconstructs the same bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from replayer.trace.reader import Trace
+from replayer.trace.writer import TraceMeta, TraceWriter
+
+
+def write_subset(
+    trace: Trace, rows: Iterable[int], out: Path, *, details: dict[str, Any] | None = None
+) -> int:
+    """Write ``rows`` (kept in trace order) to ``out``; returns the count."""
+    keep = set(rows)
+    plan = [r for r in trace.order if r in keep]
+    meta = TraceMeta(
+        source="subset",
+        details={
+            "parent": {"path": str(trace.path), "provenance": trace.provenance},
+            **(details or {}),
+        },
+        tokens=trace.tokens,
+    )
+    with TraceWriter(out, meta, form="file") as w:
+        for row, content in trace.iter_content(plan):
+            w.add(trace.record(row, content))
+        return w.rows
