@@ -6,6 +6,8 @@ outcomes and target failures are values, never exceptions.
       TraceError             # unreadable, invalid or mismatched trace input
         SchemaVersionError   # written by a newer replayer; no migration path
       ImportFormatError      # an importer was fed a file of another format
+      TargetError            # launching, restarting or talking to the server under test
+        LaunchError          # the server exited while loading, or never became ready
 """
 
 from __future__ import annotations
@@ -31,3 +33,15 @@ class SchemaVersionError(TraceError):
 
 class ImportFormatError(ReplayerError):
     """An importer was given input that is not in its format."""
+
+
+class TargetError(ReplayerError):
+    """The server under test cannot be launched, restarted, reset or reached as
+    asked (for example a restart of a target given by URL alone).
+
+    A target that *crashes* is not an error: that is a trial outcome."""
+
+
+class LaunchError(TargetError):
+    """The server exited while loading, or did not become ready within its
+    timeout; the message carries the reason and, when known, the log tail."""

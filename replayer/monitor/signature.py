@@ -1,0 +1,477 @@
+"""Crash signatures: "is this the same crash?" from a server log.
+
+Minimization keeps a candidate only when it fails *the same way* as the
+original, so a signature must survive everything that changes between two
+runs of the same bug (timestamps, pids, addresses, request ids, which TP rank
+died first, how long the log is, the exit status of the API process) and
+still tell apart two different bugs (MINIMIZE.md §1.5, §5; VLLM.md §2, §7).
+
+What a signature is made of:
+
+* the **root-cause traceback**: the first traceback written by an engine or
+  worker process that is not a consequence of another failure. vLLM's
+  wrappers (``EngineDeadError: EngineCore encountered an issue``,
+  ``AsyncEngineDeadError``, ``Engine loop has died``) are effects and come
+  last; ``RuntimeError: Worker failed with error '...'``, ``Executor
+  failed.`` and chained (``The above exception was the direct cause``)
+  tracebacks are used only when nothing better exists (a worker killed by a
+  HSA hard fault leaves no traceback of its own). API-server tracebacks count
+  only when no engine or worker traceback exists; then, because a 400's
+  traceback logged earlier says nothing about a later engine death, the
+  dead-engine wrapper is preferred for crash classes and the latest cause
+  for ``http_5xx_other``/``client_error``. From it: the exception
+  type (last dotted part: ``torch.AcceleratorError`` -> ``AcceleratorError``),
+  its first message line normalized, and the innermost :data:`TOP_FRAMES`
+  frames as ``file.py:function`` (no directories, no line numbers; asyncio,
+  concurrent.futures, threading and torch module-call plumbing skipped).
+* **GPU error strings** anywhere in the log (found by
+  :func:`replayer.monitor.logs.gpu_errors`), one canonical string per kind
+  (``CUDA error: an illegal memory access was encountered``, ``Memory access
+  fault by GPU node-<N> on address <ADDR>. Reason: Unknown``,
+  ``HSA_STATUS_ERROR_EXCEPTION: ... code: 0x1016``, ``Triton Error [HIP]:
+  Code: 700, ...``, NCCL watchdog, device-side asserts, ``NVRM Xid 31``).
+  Error *codes* are kept here (700 is not 719); volatile parts are not.
+* **events**: engine lifecycle lines (a worker died and with which code,
+  start-up failed, ``Fatal Python error``) and, not hashed, hang warnings and
+  per-request errors.
+* the **exit** status and the **failure class** (given by the caller).
+* the **suspects**: request ids of the failing batch in vLLM's scheduler
+  dump, mapped back to the client's ``X-Request-Id``.
+
+What the hash covers, and why:
+
+* covered: :data:`SIGNATURE_VERSION`, failure class, exception type,
+  normalized message, top frames, the *set* of GPU error kinds (their order
+  depends on which rank logs first), the hashed events. These are properties
+  of the bug: the same kernel fault gives the same ones run after run.
+* not covered: suspects and computed tokens (they name *where* the bug
+  struck, which is what minimization changes), hang warnings (whether the 60 s
+  warning appears depends on how long the stall was watched) and per-request
+  errors (they can precede an unrelated crash).
+* the exit status only when it is the sole evidence (no traceback, no GPU
+  error, no hashed event; e.g. an API process SIGKILLed or a segfault without a
+  log). Otherwise it is left out: single-API-server vLLM exits 0 after engine
+  death while a worker abort can make the same bug end with -6 or be stopped
+  with SIGTERM or SIGKILL by us, depending on timing.
+
+:attr:`Signature.coarse_hash` drops message and frames (class, exception type,
+GPU kinds, events): CUDA errors are reported asynchronously ("the stacktrace
+below might be incorrect"), so a ``type`` match policy needs it.
+
+Normalization (:func:`normalize`), in order: ANSI colours; the caller's known
+request ids and engine ids (``chatcmpl-...``, ``cmpl-...``) -> ``<REQ>``;
+UUIDs -> ``<UUID>``; timestamps -> ``<TS>``; URLs -> ``<URL>``; absolute
+paths -> ``<PATH>``; ``0x...`` -> ``<ADDR>``; numbers in scientific
+notation -> ``<N>``; long hex words (hashes, ids) -> ``<HEX>``; rank and
+device handles (``TP6``, ``rank3``, ``GPU0``) -> ``TP<N>``...; every other
+number not glued to a letter (pids, node numbers, ``VllmWorker-6``, sizes,
+shapes, token counts, exit codes) -> ``<N>``;
+whitespace collapsed; cut at 240 characters. Digits inside identifiers
+(``fp8``, ``gfx950``, ``float16``) are kept.
+
+This module reads text and computes values; it never touches the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal as _signal
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from replayer.errors import UsageError
+from replayer.monitor.logs import (
+    ANSI,
+    HASHED_EVENTS,
+    PATH,
+    SPACE,
+    TIMESTAMP,
+    Frame,
+    Traceback,
+    find_events,
+    gpu_errors,
+    iter_lines,
+    last_launch,
+    scheduler_dumps,
+    tracebacks,
+)
+
+SIGNATURE_VERSION = 1
+"""Bumped whenever a change would give an existing crash a different hash."""
+TOP_FRAMES = 3
+"""Innermost frames kept (ClusterFuzz's crash state uses three)."""
+HASH_CHARS = 12
+MESSAGE_CHARS = 240
+FAILURE_CLASSES = (
+    "process_exit",
+    "engine_dead",
+    "hang",
+    "stream_cut",
+    "http_5xx_other",
+    "client_error",
+)
+
+# -- normalization ---------------------------------------------------------------------
+
+_ENGINE_ID = re.compile(r"\b(?:chatcmpl|cmpl|resp|embd)-[^\s,;'\"()\[\]{}]+")
+_UUID = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
+_SCIENTIFIC = re.compile(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?[eE][-+]?\d+(?!\w)")
+_HEXADDR = re.compile(r"\b0[xX][0-9a-fA-F]+\b")
+_HEXWORD = re.compile(r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b")
+_HANDLE = re.compile(r"(?<![A-Za-z])(TP|DP|EP|PP|rank|GPU|gpu|cuda|hip|device)(\d+)")
+_NUMBER = re.compile(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _known_ids(text: str, request_ids: Collection[str]) -> str:
+    for rid in sorted((r for r in request_ids if r), key=len, reverse=True):
+        text = text.replace(rid, "<REQ>")
+    return text
+
+
+def normalize(text: str, *, request_ids: Collection[str] = ()) -> str:
+    """A message with everything that varies between runs of the same bug
+    replaced by placeholders (rules in the module docstring)."""
+    s = ANSI.sub("", text)
+    s = _known_ids(s, request_ids)
+    s = _ENGINE_ID.sub("<REQ>", s)
+    s = _UUID.sub("<UUID>", s)
+    s = TIMESTAMP.sub("<TS>", s)
+    s = _URL.sub("<URL>", s)
+    s = PATH.sub("<PATH>", s)
+    s = _HEXADDR.sub("<ADDR>", s)
+    s = _SCIENTIFIC.sub("<N>", s)  # before hex words: 6.1035e-05 is not a hash
+    s = _HEXWORD.sub("<HEX>", s)
+    s = _HANDLE.sub(r"\1<N>", s)
+    s = _NUMBER.sub("<N>", s)
+    s = SPACE.sub(" ", s).strip()
+    return s[:MESSAGE_CHARS]
+
+
+def frame_key(frame: Frame) -> str:
+    """``file.py:function``: stable across installs, versions' line numbers and ranks."""
+    base = frame.path.replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{base}:{frame.func}"
+
+
+_PLUMBING = (
+    "/asyncio/",
+    "/concurrent/futures/",
+    "/threading.py",
+    "/multiprocessing/",
+    "/contextlib.py",
+    "/functools.py",
+    "/runpy.py",
+    "<frozen ",
+    "torch/nn/modules/module.py",
+    "torch/utils/_contextlib.py",
+)
+
+
+def top_frames(frames: Iterable[Frame], n: int = TOP_FRAMES) -> tuple[str, ...]:
+    """The innermost ``n`` frames, innermost first, plumbing skipped (unless
+    nothing else is left)."""
+    inner = list(frames)[::-1]
+    useful = [f for f in inner if not any(p in f.path for p in _PLUMBING)] or inner
+    return tuple(frame_key(f) for f in useful[:n])
+
+
+def short_type(exc_type: str) -> str:
+    """``vllm.v1.engine.exceptions.EngineDeadError`` -> ``EngineDeadError``;
+    ``c10::AcceleratorError`` -> ``AcceleratorError``."""
+    return re.split(r"\.|::", exc_type)[-1]
+
+
+# -- root cause --------------------------------------------------------------------------
+
+_ENGINE_PROC = re.compile(r"^(?:EngineCore|Worker|VllmWorker|WorkerProc|RayWorker)")
+_WRAPPER_TYPES = frozenset({"EngineDeadError", "AsyncEngineDeadError", "EngineGenerateError"})
+_WRAPPER_MESSAGES = (
+    "EngineCore encountered an issue",
+    "Engine loop has died",
+    "Background loop has errored already",
+    "MQLLMEngine is already dead",
+)
+_EFFECT_TYPES = frozenset({"CancelledError", "KeyboardInterrupt", "SystemExit"})
+_EFFECT_MESSAGE = re.compile(
+    r"^(?:Worker failed with error|Executor failed|Engine core initialization failed)"
+    r"|died unexpectedly|died with exit code"
+)
+
+
+_REQUEST_CLASSES = frozenset({"http_5xx_other", "client_error"})
+
+
+def _category(tb: Traceback) -> int:
+    """0: a cause; 1: an effect of another failure; 2: a dead-engine wrapper."""
+    kind = short_type(tb.exc_type)
+    if kind in _WRAPPER_TYPES or any(w in tb.message for w in _WRAPPER_MESSAGES):
+        return 2
+    if tb.chained or kind in _EFFECT_TYPES or _EFFECT_MESSAGE.search(tb.message):
+        return 1
+    return 0
+
+
+def root_traceback(
+    tbs: Iterable[Traceback], failure_class: str = "engine_dead"
+) -> Traceback | None:
+    """The traceback that best names the cause (rules in the module docstring)."""
+    tbs = list(tbs)
+    engine = [t for t in tbs if t.proc is None or _ENGINE_PROC.match(t.proc)]
+    if engine:
+        return min(engine, key=lambda t: (_category(t), t.index))
+    # Only the API server spoke. Its per-request errors (a 400's traceback)
+    # can precede an unrelated engine death: for an engine death the wrapper
+    # says more than they do, for a per-request failure the latest cause does.
+    roots = [t for t in tbs if _category(t) == 0][-1:]
+    wrappers = [t for t in tbs if _category(t) == 2][:1]
+    effects = [t for t in tbs if _category(t) == 1][:1]
+    if failure_class in _REQUEST_CLASSES:
+        order = roots + wrappers + effects
+    else:
+        order = wrappers + roots + effects
+    return order[0] if order else None
+
+
+# -- suspects ----------------------------------------------------------------------------
+
+_ENGINE_PREFIXES = ("chatcmpl-", "cmpl-")
+_ENGINE_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+
+
+def client_request_id(engine_id: str, known: Collection[str] | None = None) -> str:
+    """The client's ``X-Request-Id`` behind an engine request id:
+    ``chatcmpl-<id>-<8 hex>`` -> ``<id>`` (VLLM.md §1.2). With ``known`` ids,
+    the candidate that is one of them wins (older vLLM adds no suffix)."""
+    core = engine_id
+    for prefix in _ENGINE_PREFIXES:
+        if core.startswith(prefix):
+            core = core[len(prefix) :]
+            break
+    stripped = _ENGINE_SUFFIX.sub("", core)
+    if known:
+        for cand in (stripped, core, engine_id):
+            if cand in known:
+                return cand
+    return stripped
+
+
+# -- the signature ---------------------------------------------------------------------
+
+
+def exit_text(exit_code: int | None, signal: int | None) -> str | None:
+    """``code 0``, ``signal SIGABRT``; a negative ``exit_code`` is a signal
+    (``subprocess`` convention)."""
+    if signal is None and exit_code is not None and exit_code < 0:
+        signal = -exit_code
+    if signal is not None:
+        try:
+            return f"signal {_signal.Signals(signal).name}"
+        except ValueError:
+            return f"signal {signal}"
+    return None if exit_code is None else f"code {exit_code}"
+
+
+def _digest(parts: object) -> str:
+    raw = json.dumps(parts, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:HASH_CHARS]
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What a failure looked like, and a hash of its stable parts.
+
+    Usage::
+
+        sig = signature_from_log(log, failure_class="engine_dead", exit_code=0)
+        if matches(sig, target_sig) or matches_regex(sig, r"Code: 700"):
+            ...
+        json.dumps(sig.to_dict())
+    """
+
+    hash: str
+    """Stable short hex over the stable parts (see the module docstring)."""
+    failure_class: str
+    exception: str | None
+    """Root-cause exception type, last dotted part; None when no traceback."""
+    message: str | None
+    """Its first message line, normalized."""
+    frames: tuple[str, ...]
+    """Innermost first, ``file.py:function``."""
+    gpu_errors: tuple[str, ...]
+    """Canonical GPU error strings, first-seen order."""
+    events: tuple[str, ...]
+    """Canonical lifecycle events (hashed and not), first-seen order."""
+    exit: str | None
+    """``code N`` or ``signal NAME``; None when unknown."""
+    suspects: tuple[str, ...]
+    """Client request ids in the failing batch, in scheduler-dump order."""
+    computed_tokens: dict[str, int] = field(default_factory=dict)
+    """``num_computed_tokens`` per suspect, when the dump gave it."""
+    coarse_hash: str = ""
+    """Hash without message and frames (a ``type``-level match)."""
+    text: str = ""
+    """One readable paragraph; ``--signature REGEX`` is matched against it."""
+
+    def __hash__(self) -> int:
+        return hash((self.failure_class, self.hash))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "version": SIGNATURE_VERSION,
+            "hash": self.hash,
+            "coarse_hash": self.coarse_hash,
+            "failure_class": self.failure_class,
+            "exception": self.exception,
+            "message": self.message,
+            "frames": list(self.frames),
+            "gpu_errors": list(self.gpu_errors),
+            "events": list(self.events),
+            "exit": self.exit,
+            "suspects": list(self.suspects),
+            "computed_tokens": dict(self.computed_tokens),
+            "text": self.text,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> Signature:
+        """The inverse of :meth:`to_dict` (e.g. a bundle's ``signature.json``)."""
+
+        def strs(key: str) -> tuple[str, ...]:
+            v = d.get(key) or []
+            if not isinstance(v, list):
+                raise ValueError(f"signature field {key!r} must be a list")
+            return tuple(str(x) for x in v)
+
+        def opt(key: str) -> str | None:
+            v = d.get(key)
+            return None if v is None else str(v)
+
+        tokens = d.get("computed_tokens") or {}
+        if not isinstance(tokens, dict):
+            raise ValueError("signature field 'computed_tokens' must be an object")
+        return cls(
+            hash=str(d["hash"]),
+            failure_class=str(d["failure_class"]),
+            exception=opt("exception"),
+            message=opt("message"),
+            frames=strs("frames"),
+            gpu_errors=strs("gpu_errors"),
+            events=strs("events"),
+            exit=opt("exit"),
+            suspects=strs("suspects"),
+            computed_tokens={str(k): int(v) for k, v in tokens.items()},
+            coarse_hash=str(d.get("coarse_hash", "")),
+            text=str(d.get("text", "")),
+        )
+
+
+def _text(
+    failure_class: str,
+    exception: str | None,
+    message: str | None,
+    frames: tuple[str, ...],
+    gpu: tuple[str, ...],
+    events: tuple[str, ...],
+    exit: str | None,
+) -> str:
+    head = failure_class + ": "
+    if exception is None:
+        head += "no traceback"
+    else:
+        head += exception + (f": {message}" if message else "")
+    parts = [head]
+    if frames:
+        parts.append("at " + " < ".join(frames))
+    if gpu:
+        parts.append("gpu: " + " | ".join(gpu))
+    if events:
+        parts.append("events: " + " | ".join(events))
+    if exit:
+        parts.append("exit: " + exit)
+    return "; ".join(parts)
+
+
+def signature_from_log(
+    text: str,
+    *,
+    failure_class: str,
+    exit_code: int | None = None,
+    signal: int | None = None,
+    request_ids: Collection[str] | None = None,
+) -> Signature:
+    """The signature of a failure from the server log (the text after the last
+    launch marker is used). ``request_ids`` (the trace's ids, optional) are
+    scrubbed from messages and used to map engine ids back exactly."""
+    if not failure_class:
+        raise ValueError("failure_class is required")
+    failure_class = str(failure_class)
+    known = frozenset(request_ids or ())
+    lines = list(iter_lines(last_launch(text)))
+    root = root_traceback(tracebacks(lines), failure_class)
+    exception = None if root is None else short_type(root.exc_type)
+    message = None if root is None else normalize(root.message, request_ids=known)
+    frames = () if root is None else top_frames(root.frames)
+    gpu = gpu_errors(lines)
+    found = find_events(lines)
+    events = tuple(found.values())
+    hashed_events = sorted(v for k, v in found.items() if k in HASHED_EVENTS)
+    exit = exit_text(exit_code, signal)
+
+    suspects: dict[str, None] = {}
+    computed: dict[str, int] = {}
+    for dump in scheduler_dumps(lines):
+        for req in dump:
+            rid = client_request_id(req.engine_id, known)
+            suspects.setdefault(rid, None)
+            if req.num_computed_tokens is not None:
+                computed.setdefault(rid, req.num_computed_tokens)
+
+    sole_evidence = root is None and not gpu and not hashed_events
+    stable = {
+        "v": SIGNATURE_VERSION,
+        "class": failure_class,
+        "exception": exception,
+        "gpu": sorted(gpu),
+        "events": hashed_events,
+        "exit": exit if sole_evidence else None,
+    }
+    coarse = _digest(stable)
+    full = _digest({**stable, "message": message, "frames": list(frames)})
+    return Signature(
+        hash=full,
+        failure_class=failure_class,
+        exception=exception,
+        message=message,
+        frames=frames,
+        gpu_errors=gpu,
+        events=events,
+        exit=exit,
+        suspects=tuple(suspects),
+        computed_tokens=computed,
+        coarse_hash=coarse,
+        text=_text(failure_class, exception, message, frames, gpu, events, exit),
+    )
+
+
+def matches(sig: Signature, other: Signature) -> bool:
+    """Same failure class and same hash: the same crash."""
+    return sig.failure_class == other.failure_class and sig.hash == other.hash
+
+
+def compile_signature_regex(pattern: str) -> re.Pattern[str]:
+    """``--signature REGEX``, checked before any trial runs."""
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"--signature {pattern!r} is not a valid regex: {exc}") from None
+
+
+def matches_regex(sig: Signature, pattern: str | re.Pattern[str]) -> bool:
+    """The user's ``--signature REGEX`` searched in :attr:`Signature.text`."""
+    rx = compile_signature_regex(pattern) if isinstance(pattern, str) else pattern
+    return rx.search(sig.text) is not None

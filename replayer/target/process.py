@@ -1,0 +1,357 @@
+"""A server we launch ourselves (``--launch CMD``).
+
+The command runs as the leader of a new process group (``start_new_session``),
+because vLLM is a family of processes (API server, EngineCore, one worker per
+GPU) and stopping only the leader would leave workers holding GPU memory and
+ports. stdout and stderr go to the run's ``server.log``, appended across
+restarts, one :func:`~replayer.monitor.logs.launch_marker` line per launch.
+
+The exit is watched by polling (every 50 ms, bounded by the process's
+life) and recorded as an :class:`~replayer.target.base.ExitInfo` (code or
+signal, and when). A process that exits while loading makes
+:meth:`wait_ready` fail at once with the log tail, not after the 30-minute
+ready timeout.
+
+Stopping is SIGTERM to the group, up to ``stop_grace`` seconds for the whole
+group to go (vLLM shuts its engine down on SIGTERM), then SIGKILL to whatever
+is left. "Gone" means no member that is not a zombie: where PID 1 does not
+reap orphans (some containers and VMs), a dead worker whose parent died first
+stays a zombie forever, holding neither memory nor ports.
+
+The string form of a command is split like a shell would (``shlex``), with
+leading ``NAME=value`` words taken as environment, but not run by a shell:
+the exit status must be the server's own (a shell would turn a SIGABRT into
+134). Use ``sh -c '...'`` explicitly for pipes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from replayer._async import spawn
+from replayer.errors import LaunchError, TargetError, UsageError
+from replayer.monitor.logs import launch_marker
+from replayer.target.base import (
+    DEFAULT_READY_TIMEOUT,
+    PROBE_TIMEOUT,
+    ExitInfo,
+    ServerTarget,
+    log,
+)
+from replayer.target.facts import redact_command, relevant_env
+
+DEFAULT_STOP_GRACE = 30.0
+KILL_WAIT = 10.0
+POLL_INTERVAL = 0.05
+TAIL_LINES = 40
+TAIL_BYTES = 64 * 1024
+
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_LIVE: set[LaunchedTarget] = set()
+
+
+def _kill_leftovers() -> None:
+    for target in list(_LIVE):
+        target.kill()
+
+
+atexit.register(_kill_leftovers)
+
+
+def split_command(cmd: str | Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``"VLLM_X=1 vllm serve m"`` -> ``(["vllm", "serve", "m"], {"VLLM_X": "1"})``."""
+    try:
+        argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+    except ValueError as exc:
+        raise UsageError(f"--launch: cannot split {cmd!r}: {exc}") from None
+    env: dict[str, str] = {}
+    while argv and _ASSIGN.match(argv[0]):
+        name, value = argv.pop(0).split("=", 1)
+        env[name] = value
+    if not argv:
+        raise UsageError("--launch: empty command")
+    return argv, env
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of process group ``pgid`` that are not zombies ([] when it is gone)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        return [pgid]
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return [pgid]
+    out = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(entry.name))
+    return out
+
+
+class LaunchedTarget(ServerTarget):
+    """A server process group started from a command line.
+
+    Usage::
+
+        t = LaunchedTarget("vllm serve moonshotai/Kimi-K3 --port 8000",
+                           "http://127.0.0.1:8000", run / "server.log",
+                           model="moonshotai/Kimi-K3")
+        await t.start()
+        await t.wait_ready()
+        ...
+        info = await t.wait_exit(30)      # after a crash: code or signal
+        await t.restart()
+        await t.stop()
+    """
+
+    def __init__(
+        self,
+        cmd: str | Sequence[str],
+        url: str,
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        stop_grace: float = DEFAULT_STOP_GRACE,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        probe_timeout: float = PROBE_TIMEOUT,
+        cwd: Path | None = None,
+    ) -> None:
+        super().__init__(
+            url,
+            model=model,
+            api_key=api_key,
+            log_path=log_path,
+            ready_timeout=ready_timeout,
+            probe_timeout=probe_timeout,
+        )
+        self.log_file = log_path
+        self.argv, cmd_env = split_command(cmd)
+        self.env = {**cmd_env, **(env or {})}
+        """Set on top of this process's environment for the child."""
+        self.stop_grace = stop_grace
+        self.cwd = cwd
+        self.launches = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._exit: ExitInfo | None = None
+        self._exited = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+        self._started = 0.0
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def can_restart(self) -> bool:
+        return True
+
+    @property
+    def pid(self) -> int | None:
+        """The leader's pid (also the process group id) of the current launch."""
+        return None if self._proc is None else self._proc.pid
+
+    def command_text(self) -> str:
+        assigns = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        return " ".join([*assigns, shlex.join(self.argv)])
+
+    def _poll(self) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        rc = proc.poll()
+        if rc is not None and self._exit is None:
+            self._exit = ExitInfo.from_returncode(rc)
+            log.info("%s exited (%s)", self.argv[0], self._exit.text)
+        return rc
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._poll() is None
+
+    @property
+    def exit_info(self) -> ExitInfo | None:
+        self._poll()
+        return self._exit
+
+    def _exit_event(self) -> asyncio.Event:
+        return self._exited
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.alive():
+            raise TargetError(f"{self.argv[0]} is already running (pid {self.pid})")
+        await self._reap_group()  # leftovers of the previous launch, if any
+        self.launches += 1
+        self._begin_segment(launch_marker(self.launches, redact_command(self.command_text())))
+        self._exit = None
+        self._exited = asyncio.Event()
+        with self.log_file.open("ab") as out:
+            try:
+                proc = await asyncio.to_thread(
+                    subprocess.Popen,
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **self.env},
+                    cwd=self.cwd,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                out.write(f"replayer: cannot launch: {exc}\n".encode())
+                self._proc = None
+                raise LaunchError(
+                    f"cannot launch {self.argv[0]!r}: {exc.strerror or exc}"
+                ) from None
+        self._proc, self._pgid = proc, proc.pid
+        self._started = time.monotonic()
+        _LIVE.add(self)
+        self._watcher = spawn(self._watch(proc, self._exited), name=f"target-exit-{proc.pid}")
+        log.info("launched %s (pid %d, launch %d)", self.argv[0], proc.pid, self.launches)
+
+    async def _watch(self, proc: subprocess.Popen[bytes], event: asyncio.Event) -> None:
+        # Polled: an awaitable child exit needs a child watcher bound to one
+        # event loop; polling keeps a target usable from any loop.
+        while proc.poll() is None:  # noqa: ASYNC110
+            await asyncio.sleep(POLL_INTERVAL)
+        if proc is self._proc:
+            self._poll()
+        event.set()
+
+    async def wait_exit(self, within: float) -> ExitInfo:
+        """Wait (bounded) for the process to exit by itself; how it ended."""
+        if self._proc is None:
+            raise TargetError("not started")
+        if not await self._until(lambda: self._poll() is not None, within):
+            raise TimeoutError(f"{self.argv[0]} still running after {within:g}s")
+        assert self._exit is not None
+        return self._exit
+
+    async def stop(self) -> ExitInfo | None:
+        """SIGTERM to the group, SIGKILL after ``stop_grace``; how it ended."""
+        proc = self._proc
+        if proc is None:
+            return self._exit
+        pgid = self._pgid
+        if pgid is not None and group_members(pgid):
+            self._signal(signal.SIGTERM)
+
+            def gone() -> bool:
+                return self._poll() is not None and not group_members(pgid)
+
+            if not await self._until(gone, self.stop_grace):
+                log.warning("%s: SIGKILL after %gs of SIGTERM", self.argv[0], self.stop_grace)
+        await self._reap_group()
+        self._poll()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
+        self._exited.set()
+        _LIVE.discard(self)
+        return self._exit
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the group now, without waiting (interpreter exit)."""
+        self._signal(signal.SIGKILL)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(1.0)
+        _LIVE.discard(self)
+
+    def _signal(self, sig: int) -> None:
+        if self._pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._pgid, sig)
+
+    async def _reap_group(self) -> None:
+        """SIGKILL what is left of the group and wait until it is gone."""
+        pgid = self._pgid
+        if pgid is None:
+            return
+        if group_members(pgid):
+            self._signal(signal.SIGKILL)
+            ok = await self._until(
+                lambda: self._poll() is not None and not group_members(pgid), KILL_WAIT
+            )
+            if not ok:
+                raise TargetError(
+                    f"process group {pgid} survived SIGKILL for {KILL_WAIT:g}s: "
+                    f"{group_members(pgid)}"
+                )
+        self._poll()
+        self._pgid = None  # never signal this id again: pids are reused
+
+    @staticmethod
+    async def _until(check: Callable[[], bool], within: float) -> bool:
+        """Poll ``check`` every 20 ms for at most ``within`` seconds."""
+        deadline = time.monotonic() + within
+        for _ in range(int(within / 0.02) + 2):
+            if check():
+                return True
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+        return check()
+
+    # -- readiness and facts -------------------------------------------------------------
+
+    def _check_loading(self) -> None:
+        if self._proc is None:
+            raise TargetError("the target was not started")
+        if self._poll() is None:
+            return
+        assert self._exit is not None
+        after = time.monotonic() - self._started
+        raise LaunchError(
+            f"{self.argv[0]} exited ({self._exit.text}) {after:.1f}s after launch "
+            f"{self.launches}, before it was ready; log tail ({self.log_file}):\n{self.tail()}"
+        )
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        """The last lines this launch wrote."""
+        try:
+            with self.log_file.open("rb") as f:
+                end = f.seek(0, 2)
+                f.seek(max(self._segment, end - TAIL_BYTES))
+                data = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        rows = data.splitlines()
+        if rows and rows[0].startswith("==> replayer launch "):
+            rows = rows[1:]
+        return "\n".join("    " + r for r in rows[-lines:])
+
+    def _command_facts(self) -> dict[str, object]:
+        return {
+            "kind": "launch",
+            "launch": redact_command(self.command_text()),
+            "env": relevant_env({**os.environ, **self.env}),
+            "launches": self.launches,
+            "exit": None if self._exit is None else self._exit.text,
+        }
