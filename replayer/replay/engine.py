@@ -404,7 +404,7 @@ class Replay:
 
     async def _dispatch_strict(self, run: TargetRun) -> None:
         plan, policy = self.plan, self.policy
-        last = 0.0  # when the previous request in trace order went out
+        last = 0.0  # when the previous request in trace order was due
         for i in range(len(plan)):
             if run.stopped.is_set():
                 return
@@ -413,7 +413,8 @@ class Replay:
                 return
             at = plan.eligible(i, policy.timing, run.done_at[p] if p is not None else None)
             # in strict order a request is also due no earlier than its
-            # predecessor's dispatch: lag measures the replayer, not the order
+            # predecessor was due: lag then measures the replayer (and grows
+            # if it falls behind), not the order constraint
             at = max(at, last)
             if self._skip(run, i, at):
                 continue
@@ -432,7 +433,7 @@ class Replay:
             # the next request goes only once this one's bytes are on the wire,
             # so the server sees trace order even across connections
             await sent
-            last = self.now()
+            last = at
 
     async def _dispatch_sessions(self, run: TargetRun) -> None:
         by_session: dict[str, list[int]] = {}

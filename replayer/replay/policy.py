@@ -16,9 +16,9 @@ request and divided by ``speed``:
 ``strict`` order (default): a request is never dispatched before every
 earlier request of the trace has been; ``session`` order keeps only each
 session's own order. The schedule of a request is the time it became
-eligible (its own dependencies met and, in strict order, every earlier
-request dispatched); its lag is dispatch minus schedule, the replayer's own
-lateness.
+eligible: its own dependencies met and, in strict order, no earlier than
+the previous request's schedule. Its lag is dispatch minus schedule, the
+replayer's own lateness (it accumulates if the replayer falls behind).
 """
 
 from __future__ import annotations
