@@ -211,6 +211,26 @@ def register(sub: Any) -> None:
     )
     p.add_argument("trace", type=Path, metavar="TRACE")
     add_target_arguments(p)
+    g = p.add_argument_group("launching the server (one target)")
+    g.add_argument(
+        "--launch",
+        default=None,
+        metavar="CMD",
+        help="start the server with CMD, wait until ready, replay, stop it; its log "
+        "goes to RUN/server.log and a crash gets a signature",
+    )
+    g.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="with --launch: seconds to wait for /health and /v1/models",
+    )
+    g.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="with --launch: leave the server running afterwards",
+    )
     add_policy_arguments(p)
     add_monitor_arguments(p)
     add_selection_arguments(p)
@@ -272,18 +292,23 @@ def _read_key(spec: str, what: str) -> str:
     raise UsageError(f"{what}: want env:VAR or file:PATH, not {spec!r}")
 
 
+def default_api_key(args: argparse.Namespace) -> str | None:
+    """The key for every target: --api-key-file, --api-key-env, or $REPLAYER_API_KEY."""
+    if args.api_key_file is not None:
+        return _read_key(f"file:{args.api_key_file}", "--api-key-file")
+    if args.api_key_env:
+        return _read_key(f"env:{args.api_key_env}", "--api-key-env")
+    if os.environ.get("REPLAYER_API_KEY"):
+        return os.environ["REPLAYER_API_KEY"].strip()
+    return None
+
+
 def targets_from(args: argparse.Namespace) -> list[Any]:
     from replayer.replay.client import Target
 
     if not args.target:
         raise UsageError("no target: pass --target [NAME=]URL")
-    default_key = None
-    if args.api_key_file is not None:
-        default_key = _read_key(f"file:{args.api_key_file}", "--api-key-file")
-    elif args.api_key_env:
-        default_key = _read_key(f"env:{args.api_key_env}", "--api-key-env")
-    elif os.environ.get("REPLAYER_API_KEY"):
-        default_key = os.environ["REPLAYER_API_KEY"].strip()
+    default_key = default_api_key(args)
     keys = {}
     for spec in args.target_key:
         name, sep, ref = spec.partition("=")
@@ -318,6 +343,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     policy = policy_from(args)
     watch = watch_from(args)
+    if args.launch is not None:
+        return _replay_launched(args, policy, watch)
     targets = targets_from(args)
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
@@ -344,3 +371,72 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(render(outcome.summary))
         print(f"run directory: {out}")
     return outcome.exit_code
+
+
+def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
+    """``--launch``: the one target is a server we start, watch and stop."""
+    import asyncio
+
+    import orjson
+
+    from replayer.minimize.trial import TrialEnv
+    from replayer.replay.plan import select
+    from replayer.replay.run import prepare_out
+    from replayer.replay.summary import render
+    from replayer.target.factory import make_target
+    from replayer.trace.reader import Trace
+
+    if len(args.target) > 1:
+        raise UsageError("--launch runs one server: give at most one --target NAME=URL")
+    if watch is None:
+        raise UsageError("--launch watches the server it starts: drop --no-monitor")
+    name, url = "target", None
+    if args.target:
+        t = targets_from(args)[0]
+        name, url, key = t.name, t.url, t.api_key
+    else:
+        key = default_api_key(args)
+    trace = Trace.open(args.trace)
+    rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    if not rows:
+        raise UsageError("the selection is empty: nothing to replay")
+    out = prepare_out(args.out, args.force)
+    models = {trace.column("model")[r] for r in rows} - {None}
+    model = policy.model or (next(iter(models)) if len(models) == 1 else None)
+    target = make_target(
+        launch=args.launch,
+        url=url,
+        log_path=out / "server.log",
+        model=model,
+        api_key=key,
+        ready_timeout=args.ready_timeout,
+    )
+
+    async def go() -> Any:
+        env = TrialEnv(
+            trace=trace, policy=policy, target=target, watch=watch, name=name, api_key=key
+        )
+        try:
+            return await env.run(rows, out, progress=not args.quiet, command=sys.argv)
+        finally:
+            if not args.keep_running:
+                await target.stop()
+
+    res = asyncio.run(go())
+    if res.run is None:
+        print(f"replayer replay: the server did not come up: {res.message}", file=sys.stderr)
+        return 3
+    summary = res.run.summary
+    if res.signature is not None:
+        summary["targets"][name]["failure"]["signature"] = res.signature.to_dict()
+        (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif "unreachable" in summary:
+        print(f"replayer replay: {summary['unreachable']}", file=sys.stderr)
+    else:
+        print(render(summary))
+        if res.signature is not None:
+            print(f"  signature {res.signature.hash}: {res.signature.text}")
+        print(f"run directory: {out}")
+    return res.run.exit_code

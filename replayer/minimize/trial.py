@@ -1,0 +1,194 @@
+"""One trial: bring the target up, replay a selection, classify what happened.
+
+This is the unit of cost of the whole tool (a trial may include a ten-minute
+model load), shared by ``replayer check``, ``replayer replay --launch`` and
+every bisect step. The target is (re)started only when it has to be: at the
+first trial, after a failure, or when ``--reset restart`` asks; after a
+passing trial ``--reset prefix-cache`` clears the cache instead (falling back
+to a restart, or to nothing, where the server has no dev mode).
+
+A failed trial gets its crash signature from the launch's log
+(:mod:`replayer.monitor.signature`), written to ``RUN/signature.json``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replayer.errors import LaunchError, TargetError
+from replayer.minimize.oracle import Outcome
+from replayer.monitor.signature import Signature, matches_regex, signature_from_log
+from replayer.monitor.watch import WatchConfig
+from replayer.replay.client import Target
+from replayer.replay.policy import ReplayPolicy
+from replayer.replay.run import EXIT_UNREACHABLE, RunOutcome, replay_to_dir
+from replayer.target.base import ResetMode, ServerTarget
+from replayer.trace.reader import Trace
+
+
+class _Alive:
+    """A lifecycle target seen as the monitor's process probe."""
+
+    def __init__(self, target: ServerTarget) -> None:
+        self.target = target
+
+    def exited(self) -> bool:
+        return self.target.alive() is False
+
+
+@dataclass
+class Chase:
+    """The failure a bisect chases: its class and signature hash, or a
+    user's regex over the signature text (``--signature REGEX``)."""
+
+    failure_class: str | None = None
+    signature: str | None = None
+    regex: re.Pattern[str] | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.regex is not None or self.signature is not None
+
+    def matches(self, sig: Signature | None, failure_class: str | None) -> bool:
+        if failure_class is None or failure_class == "client_error":
+            return False
+        if self.regex is not None:
+            return sig is not None and matches_regex(sig, self.regex)
+        if self.signature is None:  # not pinned yet: any crash of the class (or any)
+            return self.failure_class is None or failure_class == self.failure_class
+        if sig is None:  # no server log: the class is all there is to compare
+            return self.failure_class is not None and failure_class == self.failure_class
+        return sig.hash == self.signature and (
+            self.failure_class is None or sig.failure_class == self.failure_class
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.failure_class,
+            "signature": self.signature,
+            "regex": self.regex.pattern if self.regex else None,
+        }
+
+
+@dataclass
+class TrialResult:
+    outcome: Outcome
+    run: RunOutcome | None
+    failure_class: str | None = None
+    signature: Signature | None = None
+    message: str | None = None
+    failure: dict[str, Any] | None = None
+    client_errors: frozenset[str] = frozenset()
+
+
+@dataclass
+class TrialEnv:
+    """What every trial of a session shares."""
+
+    trace: Trace
+    policy: ReplayPolicy
+    target: ServerTarget
+    watch: WatchConfig
+    reset: ResetMode = ResetMode.RESTART
+    name: str = "target"
+    api_key: str | None = None
+    chase: Chase = field(default_factory=Chase)
+    expected_4xx: frozenset[str] = frozenset()
+    """Requests that fail with a 4xx even in the full trace: not INVALID."""
+    needs_restart: bool = True
+    started: bool = False
+
+    async def prepare(self) -> None:
+        """Make the target fresh enough for the next trial."""
+        t = self.target
+        if not self.started:
+            await t.start()
+            self.started = True
+            self.needs_restart = False
+            await t.wait_ready()
+            return
+        if self.needs_restart:
+            if not t.can_restart:
+                raise TargetError(
+                    f"the target at {t.url} failed and cannot be restarted: give --launch or "
+                    "--restart-cmd"
+                )
+            await t.restart()
+            self.needs_restart = False
+            await t.wait_ready()
+            return
+        if self.reset is not ResetMode.NONE:
+            res = await t.reset(self.reset)
+            if res.performed is ResetMode.RESTART:
+                await t.wait_ready()
+
+    async def run(
+        self,
+        rows: list[int],
+        out: Path,
+        *,
+        policy: ReplayPolicy | None = None,
+        progress: bool = False,
+        command: list[str] | None = None,
+    ) -> TrialResult:
+        try:
+            await self.prepare()
+        except (LaunchError, TargetError) as exc:
+            self.needs_restart = True
+            return TrialResult(Outcome.INFRA, None, message=str(exc))
+        run = await replay_to_dir(
+            self.trace,
+            rows,
+            policy or self.policy,
+            [Target(self.name, self.target.url, self.api_key)],
+            out,
+            command=command or ["trial"],
+            progress=progress,
+            watch=self.watch,
+            processes={self.name: _Alive(self.target)},
+        )
+        if run.exit_code == EXIT_UNREACHABLE:
+            self.needs_restart = True
+            return TrialResult(Outcome.INFRA, run, message=run.summary.get("unreachable"))
+        t = run.summary["targets"][self.name]
+        errors = frozenset(
+            r.request_id
+            for r in (run.replay.runs[self.name].results if run.replay else [])
+            if r.http_status is not None and 400 <= r.http_status < 500
+        )
+        f = t["failure"]
+        if f is None:
+            outcome = Outcome.PASS if errors <= self.expected_4xx else Outcome.INVALID
+            return TrialResult(outcome, run, client_errors=errors)
+        self.needs_restart = True
+        cls = f.get("class")
+        exit_info = self.target.exit_info
+        log = await self.target.collect_log()
+        ids = [self.trace.column("request_id")[r] for r in rows]
+        sig = None
+        if log.strip():
+            sig = signature_from_log(
+                log,
+                failure_class=cls or f["kind"],
+                exit_code=exit_info.code if exit_info else None,
+                signal=exit_info.signal if exit_info else None,
+                request_ids=ids,
+            )
+            (out / "signature.json").write_bytes(
+                orjson.dumps(sig.to_dict(), option=orjson.OPT_INDENT_2)
+            )
+        outcome = Outcome.MATCH if self.chase.matches(sig, cls) else Outcome.OTHER_FAILURE
+        return TrialResult(
+            outcome,
+            run,
+            failure_class=cls,
+            signature=sig,
+            message=f.get("message"),
+            failure=f,
+            client_errors=errors,
+        )
