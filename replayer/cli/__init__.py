@@ -22,6 +22,7 @@ from replayer.errors import ReplayerError
 COMMAND_MODULES = (
     "replayer.cli.trace_cmds",
     "replayer.cli.replay",
+    "replayer.cli.check",
     "replayer.cli.emulate",
     "replayer.cli.demo",
 )
