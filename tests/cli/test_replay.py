@@ -18,9 +18,13 @@ SAMPLE = REPO / "traces" / "agents-8x10.arrow"
 
 
 def run(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "replayer", *map(str, args)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "replayer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def free_port():
@@ -33,8 +37,19 @@ def free_port():
 
 def test_survived_is_0_and_json_summary(emulator_factory, tmp_path):
     emu = emulator_factory(["--speed", "instant"])
-    res = run("replay", SAMPLE, "--target", f"b300={emu.url}", "--timing", "asap",
-              "--limit", "20", "--out", tmp_path / "r", "--json")
+    res = run(
+        "replay",
+        SAMPLE,
+        "--target",
+        f"b300={emu.url}",
+        "--timing",
+        "asap",
+        "--limit",
+        "20",
+        "--out",
+        tmp_path / "r",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     summary = orjson.loads(res.stdout)
     assert summary["exit_code"] == 0
@@ -48,39 +63,63 @@ def test_survived_is_0_and_json_summary(emulator_factory, tmp_path):
 
 def test_failed_target_is_1(emulator_factory, tmp_path):
     emu = emulator_factory(["--speed", "instant", "--fault", "dead when request=3"])
-    res = run("replay", SAMPLE, "--target", emu.url, "--timing", "asap", "--out",
-              tmp_path / "r", "--quiet")
+    res = run(
+        "replay",
+        SAMPLE,
+        "--target",
+        emu.url,
+        "--timing",
+        "asap",
+        "--out",
+        tmp_path / "r",
+        "--quiet",
+    )
     assert res.returncode == 1, res.stderr
     assert "target: FAILED" in res.stdout
     assert "not_sent_after_crash" in res.stdout
 
 
 def test_unreachable_is_3(tmp_path):
-    res = run("replay", SAMPLE, "--target", f"gone=http://127.0.0.1:{free_port()}",
-              "--out", tmp_path / "r", "--quiet")
+    res = run(
+        "replay",
+        SAMPLE,
+        "--target",
+        f"gone=http://127.0.0.1:{free_port()}",
+        "--out",
+        tmp_path / "r",
+        "--quiet",
+    )
     assert res.returncode == 3
     assert "target gone unreachable at http://127.0.0.1:" in res.stderr
 
 
 def test_usage_errors_are_2(tmp_path):
     assert_one_line_error(run("replay", SAMPLE), "no target")
-    assert_one_line_error(run("replay", SAMPLE, "--target", "localhost:8000"),
-                          "must start with http://")
-    assert_one_line_error(run("replay", SAMPLE, "--target", "http://x", "--speed", "0"),
-                          "speed must be positive")
-    assert_one_line_error(run("replay", SAMPLE, "--target", "http://x", "--token-range", "5"),
-                          "--token-range wants LO:HI")
-    assert_one_line_error(run("replay", tmp_path / "nope.arrow", "--target", "http://x"),
-                          "no such file")
-    assert_one_line_error(run("replay", SAMPLE, "--target", "http://x", "--sessions", "zz"),
-                          "no session 'zz'")
-    assert_one_line_error(run("replay", SAMPLE, "--target", "http://x",
-                              "--api-key-env", "REPLAYER_TEST_UNSET_VAR"),
-                          "REPLAYER_TEST_UNSET_VAR is not set")
+    assert_one_line_error(
+        run("replay", SAMPLE, "--target", "localhost:8000"), "must start with http://"
+    )
+    assert_one_line_error(
+        run("replay", SAMPLE, "--target", "http://x", "--speed", "0"), "speed must be positive"
+    )
+    assert_one_line_error(
+        run("replay", SAMPLE, "--target", "http://x", "--token-range", "5"),
+        "--token-range wants LO:HI",
+    )
+    assert_one_line_error(
+        run("replay", tmp_path / "nope.arrow", "--target", "http://x"), "no such file"
+    )
+    assert_one_line_error(
+        run("replay", SAMPLE, "--target", "http://x", "--sessions", "zz"), "no session 'zz'"
+    )
+    assert_one_line_error(
+        run("replay", SAMPLE, "--target", "http://x", "--api-key-env", "REPLAYER_TEST_UNSET_VAR"),
+        "REPLAYER_TEST_UNSET_VAR is not set",
+    )
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("keep me")
-    assert_one_line_error(run("replay", SAMPLE, "--target", "http://x", "--out",
-                              tmp_path / "busy"), "not empty")
+    assert_one_line_error(
+        run("replay", SAMPLE, "--target", "http://x", "--out", tmp_path / "busy"), "not empty"
+    )
     assert (tmp_path / "busy" / "x").read_text() == "keep me"
 
 
@@ -94,12 +133,34 @@ def test_wrong_model_is_a_usage_error_before_sending(emulator_factory, tmp_path)
 def test_api_key_from_env_never_lands_in_the_run(emulator_factory, tmp_path):
     secret = "sk-test-0123456789abcdef"
     emu = emulator_factory(["--speed", "instant", "--api-key", secret])
-    res = run("replay", SAMPLE, "--target", emu.url, "--limit", "3", "--timing", "asap",
-              "--out", tmp_path / "r", "--quiet", env={"REPLAYER_API_KEY": secret})
+    res = run(
+        "replay",
+        SAMPLE,
+        "--target",
+        emu.url,
+        "--limit",
+        "3",
+        "--timing",
+        "asap",
+        "--out",
+        tmp_path / "r",
+        "--quiet",
+        env={"REPLAYER_API_KEY": secret},
+    )
     assert res.returncode == 0, res.stderr
     for f in (tmp_path / "r").iterdir():
         assert secret.encode() not in f.read_bytes(), f
-    bad = run("replay", SAMPLE, "--target", emu.url, "--limit", "3", "--out", tmp_path / "r2",
-              "--quiet", env={"REPLAYER_API_KEY": "wrong"})
+    bad = run(
+        "replay",
+        SAMPLE,
+        "--target",
+        emu.url,
+        "--limit",
+        "3",
+        "--out",
+        tmp_path / "r2",
+        "--quiet",
+        env={"REPLAYER_API_KEY": "wrong"},
+    )
     assert bad.returncode == 3  # the models listing is refused: nothing could be sent
     assert "answered 401" in bad.stderr

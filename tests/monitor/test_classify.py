@@ -19,8 +19,10 @@ MSG_OLD = "EngineCore encountered an issue. See stack trace (above) for the root
     [
         # engine died, the API answered 503 and then exited: process_exit
         (Evidence("stream_error", 200, MSG_033, (DEAD, GONE)), FailureClass.PROCESS_EXIT),
-        (Evidence("stream_error", 200, MSG_033, (DEAD,), process_exited=True),
-         FailureClass.PROCESS_EXIT),
+        (
+            Evidence("stream_error", 200, MSG_033, (DEAD,), process_exited=True),
+            FailureClass.PROCESS_EXIT,
+        ),
         (Evidence("connect", None, "refused", ()), FailureClass.PROCESS_EXIT),
         # engine dead, API stays up
         (Evidence("stream_error", 200, MSG_033, (DEAD, DEAD)), FailureClass.ENGINE_DEAD),
@@ -34,10 +36,14 @@ MSG_OLD = "EngineCore encountered an issue. See stack trace (above) for the root
         (Evidence("stream_cut", 200, "ended without [DONE]", (OK,)), FailureClass.STREAM_CUT),
         (Evidence("disconnected", None, "reset", (OK,)), FailureClass.STREAM_CUT),
         # other server errors, the server healthy
-        (Evidence("stream_error", 200, "Internal server error", (OK,)),
-         FailureClass.HTTP_5XX_OTHER),
-        (Evidence("http_503", 503, "The engine is currently busy", (OK,)),
-         FailureClass.HTTP_5XX_OTHER),
+        (
+            Evidence("stream_error", 200, "Internal server error", (OK,)),
+            FailureClass.HTTP_5XX_OTHER,
+        ),
+        (
+            Evidence("http_503", 503, "The engine is currently busy", (OK,)),
+            FailureClass.HTTP_5XX_OTHER,
+        ),
         # the client's fault
         (Evidence("http_400", 400, "maximum context length", (OK,)), FailureClass.CLIENT_ERROR),
     ],

@@ -24,17 +24,25 @@ FAST = WatchConfig(health_interval=0.2, scrape_interval=0.2, stall_timeout=1.0, 
 
 def one_session(tmp_path, turns=8):
     p = tmp_path / "t.arrow"
-    write_trace(p, SynthOptions(sessions=1, turns=turns, context=8_000, max_tokens=8,
-                                model=MODEL, seed=11))
+    write_trace(
+        p, SynthOptions(sessions=1, turns=turns, context=8_000, max_tokens=8, model=MODEL, seed=11)
+    )
     return Trace.open(p)
 
 
 async def run(trace, emu, tmp_path, *, watch=FAST, policy=None):
     out = tmp_path / "run"
     outcome = await replay_to_dir(
-        trace, select(trace), policy or ReplayPolicy(timing=Timing.ASAP, request_timeout=20),
-        [Target("e", emu.url)], out, command=["test"], progress=False, watch=watch,
-        processes={"e": emu})
+        trace,
+        select(trace),
+        policy or ReplayPolicy(timing=Timing.ASAP, request_timeout=20),
+        [Target("e", emu.url)],
+        out,
+        command=["test"],
+        progress=False,
+        watch=watch,
+        processes={"e": emu},
+    )
     return outcome, outcome.summary["targets"]["e"], read_results(out / "results.arrow")
 
 
@@ -91,8 +99,15 @@ async def test_long_prefill_within_its_allowance_is_not_a_hang(emulator_factory,
     p = tmp_path / "long.arrow"
     with TraceWriter(p, TraceMeta(source="test")) as w:
         # 8,000-token prompt at 4,000 tokens/s: 2 s of silence, twice the stall timeout
-        w.add(RequestRecord.from_body({"model": MODEL, "prompt": "x" * 32_000, "max_tokens": 2},
-                                      request_id="long", session_id="s", turn=0, start_us=0))
+        w.add(
+            RequestRecord.from_body(
+                {"model": MODEL, "prompt": "x" * 32_000, "max_tokens": 2},
+                request_id="long",
+                session_id="s",
+                turn=0,
+                start_us=0,
+            )
+        )
     emu = emulator_factory(["--prefill-rate", "4000", "--decode-time", "0.01"])
     outcome, s, results = await run(Trace.open(p), emu, tmp_path)
     assert outcome.exit_code == 0 and s["failure"] is None
@@ -103,11 +118,23 @@ async def test_long_prefill_within_its_allowance_is_not_a_hang(emulator_factory,
 
 async def test_metrics_hold_the_series_before_the_crash(emulator_factory, tmp_path):
     p = tmp_path / "t.arrow"
-    write_trace(p, SynthOptions(sessions=6, turns=6, context=20_000, max_tokens=64, model=MODEL,
-                                rate=20, think=0.05, seed=2))
+    write_trace(
+        p,
+        SynthOptions(
+            sessions=6,
+            turns=6,
+            context=20_000,
+            max_tokens=64,
+            model=MODEL,
+            rate=20,
+            think=0.05,
+            seed=2,
+        ),
+    )
     emu = emulator_factory(["--speed", "5", "--fault", "exit when request=25"])
-    outcome, s, _ = await run(Trace.open(p), emu, tmp_path,
-                              policy=ReplayPolicy(speed=4, request_timeout=20))
+    outcome, s, _ = await run(
+        Trace.open(p), emu, tmp_path, policy=ReplayPolicy(speed=4, request_timeout=20)
+    )
     at = s["failure"]["at_s"]
     rows = read_metrics(tmp_path / "run" / "metrics.arrow")
     kv = [(t, v) for t, v in series(rows, "vllm:kv_cache_usage_perc", model_name=MODEL) if t < at]
