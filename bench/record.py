@@ -1,0 +1,307 @@
+"""Recorder overhead (issue 7): what ``replayer record`` adds between an agent
+and the server, measured in the same run as a direct connection.
+
+Setup: one emulator (``--speed instant``: the server costs as little as it
+can, so the proxy's share is as large as it can be), one ``replayer record``
+subprocess in front of it recording everything into a trace, and an aiohttp
+client in this process.
+
+* **Latency** (concurrency 1, direct and proxied requests interleaved one by
+  one so drift hits both alike): a non-streaming chat request (1 KB prompt,
+  16 tokens) from send to last byte, and a streaming one (64 tokens, one SSE
+  event per token) with the arrival time of every event since send. *Added*
+  is the percentile of the proxied distribution minus the same percentile of
+  the direct one, per request and per SSE chunk (send -> that chunk);
+  "per-chunk relay" is the extra spacing between a stream's first and last
+  event divided by its events.
+* **Throughput** (closed loop, ``--concurrency`` workers for ``--duration``
+  s, direct and proxied phases alternated ``--rounds`` times): requests/s
+  (unary) and SSE events/s (streams), proxied relative to direct; once with
+  all processes sharing the CPUs, once with the recorder pinned to a core of
+  its own (emulator and client on another), as on a GPU host with cores to
+  spare.
+* **Recorder CPU** per proxied request (from ``/proc/PID/stat``), the figure
+  that says what the proxy costs wherever it runs.
+
+Run: ``python -m bench record`` (``-- --duration 1 --requests 200`` for a
+shorter run). The machine's other load shows up in both paths alike, but
+not evenly: run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from replayer.testing.emulator import EmulatorProcess, poll_until
+
+ARGS = ["--speed", "instant", "--disable-uvicorn-access-log", "--stats-interval", "0"]
+MODEL = "moonshotai/Kimi-K3"
+UNARY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "x" * 1000}],
+    "max_tokens": 16,
+}
+STREAM = UNARY | {"max_tokens": 64, "ignore_eos": True, "stream": True}
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Recorder:
+    def __init__(self, upstream: str, out: Path) -> None:
+        self.port_file = out.with_suffix(".port")
+        cmd = [sys.executable, "-m", "replayer", "record", "--upstream", upstream]
+        cmd += ["--listen", "127.0.0.1:0", "--port-file", str(self.port_file), "-o", str(out)]
+        cmd += ["--progress", "0"]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        poll_until(
+            lambda: self.port_file.exists() and self.port_file.read_text().endswith("\n"),
+            30,
+            what="the recorder's port",
+        )
+        self.url = f"http://127.0.0.1:{int(self.port_file.read_text())}"
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=60)
+        return err
+
+
+async def one(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[float]:
+    """Send one request; [done] for JSON, event arrival times for SSE (s since send)."""
+    t0 = time.perf_counter()
+    marks: list[float] = []
+    async with s.post(f"{url}/v1/chat/completions", json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}")
+        if body.get("stream"):
+            buf = b""
+            async for data in r.content.iter_any():
+                now = time.perf_counter() - t0
+                buf += data
+                n = buf.count(b"\n\n")
+                if n:
+                    marks += [now] * n
+                    buf = buf[buf.rfind(b"\n\n") + 2 :]
+        else:
+            await r.read()
+            marks.append(time.perf_counter() - t0)
+    return marks
+
+
+async def latency(direct: str, proxied: str, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as s:
+        for url in (direct, proxied):  # warm both connections
+            for body in (UNARY, STREAM):
+                await one(s, url, body)
+        for name, body, count in (("unary", UNARY, n), ("stream", STREAM, max(20, n // 2))):
+            runs: dict[str, list[list[float]]] = {"direct": [], "proxied": []}
+            for _ in range(count):
+                runs["direct"].append(await one(s, direct, body))
+                runs["proxied"].append(await one(s, proxied, body))
+            out[name] = runs
+    return out
+
+
+async def load(
+    url: str, body: dict[str, Any], concurrency: int, duration: float
+) -> dict[str, float]:
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        for _ in range(concurrency):
+            await one(s, url, body)
+        done = [0, 0]
+        deadline = time.monotonic() + duration
+
+        async def worker() -> None:
+            while time.monotonic() < deadline:
+                marks = await one(s, url, body)
+                done[0] += 1
+                done[1] += len(marks)
+
+        t0 = time.monotonic()
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(concurrency):
+                tg.create_task(worker())
+        wall = time.monotonic() - t0
+    return {"requests_per_s": done[0] / wall, "chunks_per_s": done[1] / wall, "requests": done[0]}
+
+
+def summarize(runs: dict[str, list[list[float]]]) -> dict[str, float]:
+    ms = 1000.0
+    d = [r[-1] for r in runs["direct"]]
+    p = [r[-1] for r in runs["proxied"]]
+    f: dict[str, float] = {
+        "direct_p50_ms": pct(d, 50) * ms,
+        "direct_p99_ms": pct(d, 99) * ms,
+        "proxied_p50_ms": pct(p, 50) * ms,
+        "proxied_p99_ms": pct(p, 99) * ms,
+    }
+    f["added_p50_ms"] = f["proxied_p50_ms"] - f["direct_p50_ms"]
+    f["added_p99_ms"] = f["proxied_p99_ms"] - f["direct_p99_ms"]
+    if len(runs["direct"][0]) > 1:
+        dc = [t for r in runs["direct"] for t in r]
+        pc = [t for r in runs["proxied"] for t in r]
+        f["chunk_added_p50_ms"] = (pct(pc, 50) - pct(dc, 50)) * ms
+        f["chunk_added_p99_ms"] = (pct(pc, 99) - pct(dc, 99)) * ms
+        first_d = [r[0] for r in runs["direct"]]
+        first_p = [r[0] for r in runs["proxied"]]
+        f["first_chunk_added_p50_ms"] = (pct(first_p, 50) - pct(first_d, 50)) * ms
+        spread_d = statistics.median((r[-1] - r[0]) / (len(r) - 1) for r in runs["direct"])
+        spread_p = statistics.median((r[-1] - r[0]) / (len(r) - 1) for r in runs["proxied"])
+        f["relay_added_per_chunk_us"] = (spread_p - spread_d) * 1e6
+        f["events_per_stream"] = statistics.median(len(r) for r in runs["direct"])
+    return f
+
+
+def pin(pid: int, cpus: set[int]) -> bool:
+    try:
+        os.sched_setaffinity(pid, cpus)
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
+def throughput(
+    direct: str, rec: Recorder, args: argparse.Namespace
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, float]]:
+    """Closed-loop phases, direct and proxied alternated twice per kind."""
+    thr: dict[str, dict[str, list[float]]] = {}
+    cpu = {"seconds": 0.0, "requests": 0.0}
+    for kind, body in (("unary", UNARY), ("stream", STREAM)):
+        thr[kind] = {"direct": [], "proxied": []}
+        key = "requests_per_s" if kind == "unary" else "chunks_per_s"
+        for _ in range(args.rounds):
+            for path, url in (("direct", direct), ("proxied", rec.url)):
+                c0 = cpu_seconds(rec.proc.pid)
+                r = asyncio.run(load(url, body, args.concurrency, args.duration))
+                thr[kind][path].append(r[key])
+                if path == "proxied":
+                    cpu["seconds"] += cpu_seconds(rec.proc.pid) - c0
+                    cpu["requests"] += r["requests"]
+    return thr, cpu
+
+
+def ratios(t: dict[str, dict[str, list[float]]]) -> dict[str, float]:
+    return {k: statistics.mean(v["proxied"]) / statistics.mean(v["direct"]) for k, v in t.items()}
+
+
+def means(t: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    return {k: {p: statistics.mean(v) for p, v in d.items()} for k, d in t.items()}
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m bench record")
+    p.add_argument("--requests", type=int, default=400, help="latency samples per kind and path")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration", type=float, default=2.0, help="seconds per throughput phase")
+    p.add_argument("--rounds", type=int, default=3, help="direct/proxied alternations per kind")
+    args = p.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="replayer-bench-record-"))
+    emu = EmulatorProcess(ARGS, request_log=False).start()
+    trace = tmp / "bench.arrow"
+    rec = Recorder(emu.url, trace)
+    try:
+        lat = asyncio.run(latency(emu.url, rec.url, args.requests))
+        unary, stream = summarize(lat["unary"]), summarize(lat["stream"])
+        thr, cpu = throughput(emu.url, rec, args)
+        own: dict[str, dict[str, list[float]]] = {}
+        ncpu = os.cpu_count() or 1
+        if ncpu >= 2 and pin(emu.pid, {0}) and pin(0, {0}) and pin(rec.proc.pid, {1}):
+            # the recorder on a core of its own: what it costs a pipeline that
+            # is not short of CPU (a GPU server has cores to spare)
+            own, _ = throughput(emu.url, rec, args)
+            for pid in (emu.pid, 0, rec.proc.pid):
+                pin(pid, set(range(ncpu)))
+        err = rec.stop()
+    finally:
+        if rec.proc.poll() is None:
+            rec.proc.kill()
+        emu.stop()
+    size = trace.stat().st_size
+    from replayer.trace.reader import Trace
+
+    rows = len(Trace.open(trace))
+    ratio = ratios(thr)
+    figures: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "unary": unary,
+        "stream": stream,
+        "throughput": means(thr),
+        "throughput_ratio": ratio,
+        "throughput_recorder_own_core": means(own) if own else None,
+        "throughput_ratio_recorder_own_core": ratios(own) if own else None,
+        "recorder_cpu_s": cpu["seconds"],
+        "recorder_cpu_us_per_request": cpu["seconds"] / max(1, cpu["requests"]) * 1e6,
+        "trace_rows": rows,
+        "trace_bytes": size,
+        "recorder_stderr_tail": err.strip().splitlines()[-1:] if err else [],
+    }
+    print(f"| concurrency 1, {args.requests} requests each | direct | via recorder | added |")
+    print("|---|---|---|---|")
+    for label, f, kind in (
+        ("non-streaming", unary, "request"),
+        ("streaming, to the last event", stream, "request"),
+    ):
+        for q in ("p50", "p99"):
+            print(
+                f"| {kind} latency {q}, {label} | {f[f'direct_{q}_ms']:.2f} ms "
+                f"| {f[f'proxied_{q}_ms']:.2f} ms | {f[f'added_{q}_ms']:+.2f} ms |"
+            )
+    print(
+        f"| per SSE chunk (send to that chunk), p50 / p99 | | | "
+        f"{stream['chunk_added_p50_ms']:+.2f} / {stream['chunk_added_p99_ms']:+.2f} ms |"
+    )
+    print(
+        f"| first SSE chunk p50 / relay spacing per chunk | | | "
+        f"{stream['first_chunk_added_p50_ms']:+.2f} ms / "
+        f"{stream['relay_added_per_chunk_us']:+.1f} µs |"
+    )
+    print()
+    head = f"closed loop, c={args.concurrency}, {args.duration:g} s x {args.rounds}"
+    print(f"| {head} | direct | via recorder | ratio |\n|---|---|---|---|")
+    phases = [("all processes share the CPUs", thr)]
+    if own:
+        phases.append(("recorder on its own core, emulator + client on the other", own))
+    for where, t in phases:
+        m, r = means(t), ratios(t)
+        print(
+            f"| non-streaming requests/s ({where}) | {m['unary']['direct']:,.0f} "
+            f"| {m['unary']['proxied']:,.0f} | {r['unary']:.0%} |"
+        )
+        print(
+            f"| streaming SSE events/s ({where}) | {m['stream']['direct']:,.0f} "
+            f"| {m['stream']['proxied']:,.0f} | {r['stream']:.0%} |"
+        )
+    print()
+    cpu_us = figures["recorder_cpu_us_per_request"]
+    print("| recorder | value |\n|---|---|")
+    print(f"| CPU per proxied request (non-streaming and 64-event streams) | {cpu_us:,.0f} µs |")
+    print(f"| rows recorded / trace bytes | {rows:,} / {size:,} |")
+    print(f"| CPUs on this machine | {os.cpu_count()} |")
+    return figures
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,527 @@
+"""The recording proxy: a transparent aiohttp reverse proxy in front of a vLLM server.
+
+Transparency comes first: every method and path is forwarded; the response's
+status, reason, headers and body come back unchanged, each read relayed the
+moment it arrives (SSE cadence is the upstream's), except for the
+hop-by-hop headers of RFC 9110 §7.6.1 (``Connection`` and those it names,
+``Keep-Alive``, ``Proxy-*``, ``TE``, ``Trailer``, ``Transfer-Encoding``,
+``Upgrade``). Framing is redone per hop: a ``Content-Length`` body stays one,
+a chunked one is re-chunked. Request bodies of unrecorded paths are streamed
+upstream as they arrive (hundreds of MB pass through in constant memory);
+only the recorded endpoints' bodies are held whole, because they are stored.
+
+One ``aiohttp.ClientSession`` serves all traffic: a large connection pool,
+no automatic decompression either way (compressed bodies pass as they are),
+no cookie jar, no redirects followed, no auto-added headers, and no timeout
+but the connect timeout: a long prefill can be minutes of silence before the first
+byte. When the client goes away, the upstream request is closed too, as it
+would be without the proxy (vLLM aborts the request). When the upstream
+breaks off mid-response, the client's connection is cut the same way.
+
+If the upstream cannot be reached, the client gets a 502 whose body is an
+OpenAI error envelope naming the upstream, and the exchange is recorded
+with that error. WebSocket upgrades and CONNECT are not supported (vLLM
+serves neither).
+
+Recording (:mod:`replayer.record.recorder`) happens beside the relay:
+``POST /v1/chat/completions`` and ``POST /v1/completions`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from replayer.record.capture import Capture
+from replayer.record.recorder import (
+    CHAT_PATH,
+    DEFAULT_SESSION_HEADERS,
+    RECORDED_PATHS,
+    Exchange,
+    Recorder,
+)
+from replayer.record.redact import MASK, Redactor
+from replayer.record.sink import TraceSink
+
+log = logging.getLogger("replayer.record")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Added per hop by aiohttp or meaningless past this hop.
+_REQUEST_DROP = frozenset({"host", "expect"})
+_MAX_HEADER = 1 << 16
+_SLICE = 1 << 20
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """Everything ``replayer record`` is told."""
+
+    upstream: str
+    """Base URL of the server (``http://host:8000``; a path prefix is kept)."""
+    output: Path
+    """The trace file (already claimed: see :func:`replayer.record.segments.claim`)."""
+    host: str = "127.0.0.1"
+    port: int = 8001
+    flush_interval: float = 1.0
+    session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
+    drop_headers: tuple[str, ...] = ()
+    redact: tuple[str, ...] = ()
+    fsync: bool = False
+    drain: float = 5.0
+    """Seconds in-flight exchanges get to finish at shutdown."""
+    max_connections: int = 4096
+    connect_timeout: float = 30.0
+    add_request_id: bool = False
+    """Send the recorded request id upstream as ``X-Request-Id`` when the client sent none."""
+    id_prefix: str = "rec-"
+    details: dict[str, Any] = field(default_factory=dict)
+    """Extra provenance (segment number …)."""
+
+
+def safe_url(url: str) -> str:
+    """A URL without user info, query or fragment: what may be stored and logged."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def hop_by_hop(headers: Any) -> set[str]:
+    """Lower-case names not to forward: the fixed set plus those ``Connection`` names."""
+    names = set(HOP_BY_HOP)
+    for value in headers.getall("Connection", ()):
+        names.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return names
+
+
+def error_envelope(message: str, type_: str = "BadGateway", code: int = 502) -> bytes:
+    """An OpenAI/vLLM error body (VLLM.md §4.1)."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+class RecordingProxy:
+    """The proxy server plus its recorder, in the current event loop.
+
+    **Usage**::
+
+        async with RecordingProxy(RecordConfig(upstream=url, output=path, port=0)) as proxy:
+            client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="x")
+            ...
+        # on exit: in-flight exchanges drained, trace flushed and closed
+    """
+
+    def __init__(self, config: RecordConfig) -> None:
+        self.config = config
+        self._base = config.upstream.rstrip("/")
+        self._safe_upstream = safe_url(config.upstream)
+        self._runner: web.ServerRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+        self._sink: TraceSink[Exchange] | None = None
+        self.recorder: Recorder | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+        self.forwarded = 0
+        """Requests forwarded (recorded or not)."""
+        self.address: tuple[str, int] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Bind, open the trace, start serving. Raises UsageError if the address is taken."""
+        from replayer.errors import UsageError
+        from replayer.trace.writer import TraceMeta, TraceWriter
+
+        cfg = self.config
+        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+        try:
+            sock = socket.create_server((cfg.host, cfg.port), family=family, backlog=1024)
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from None
+        addr = sock.getsockname()
+        self.address = (str(addr[0]), int(addr[1]))
+        t0_ns = time.monotonic_ns()
+        details = {
+            "upstream": self._safe_upstream,
+            "listen": f"{self.url.removeprefix('http://')}",
+            "session_headers": list(cfg.session_headers),
+            "flush_interval": cfg.flush_interval,
+            "fsync": cfg.fsync,
+            "t0_unix_us": time.time_ns() // 1000,
+            "redaction": {
+                "applied": bool(cfg.redact),
+                "patterns": len(cfg.redact),
+                "mask": MASK,
+                "credentials": "dropped (authorization, api-key, cookie and like headers; "
+                "credential query and body fields masked)",
+                "dropped_headers": sorted({h.lower() for h in cfg.drop_headers}),
+            },
+            **cfg.details,
+        }
+        try:
+            writer = TraceWriter(
+                cfg.output, TraceMeta(source="record", details=details), fsync=cfg.fsync
+            )
+        except OSError as exc:
+            sock.close()
+            raise UsageError(f"cannot write {cfg.output}: {exc}") from None
+        recorder = Recorder(
+            Redactor(cfg.redact, cfg.drop_headers),
+            t0_ns=t0_ns,
+            session_headers=cfg.session_headers,
+            id_prefix=cfg.id_prefix,
+        )
+        self._sink = TraceSink(writer, recorder.build, flush_interval=cfg.flush_interval)
+        recorder.sink = self._sink
+        self.recorder = recorder
+        self._sink.start()
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=None, sock_connect=cfg.connect_timeout, sock_read=None
+            ),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            trust_env=False,
+            max_line_size=_MAX_HEADER,
+            max_field_size=_MAX_HEADER,
+        )
+        server = web.Server(
+            self._handle,
+            handler_cancellation=True,
+            auto_decompress=False,  # a compressed request body is forwarded compressed
+            access_log=None,
+            max_line_size=_MAX_HEADER,
+            max_field_size=_MAX_HEADER,
+        )
+        self._runner = web.ServerRunner(server, shutdown_timeout=cfg.drain)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock, backlog=1024).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        if self.address is None:
+            raise RuntimeError("proxy not started")
+        host, port = self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    @property
+    def upstream(self) -> str:
+        """The upstream URL as it may be shown (no user info or query)."""
+        return self._safe_upstream
+
+    @property
+    def inflight(self) -> int:
+        return len(self._handlers)
+
+    @property
+    def sink(self) -> TraceSink[Exchange]:
+        if self._sink is None:
+            raise RuntimeError("proxy not started")
+        return self._sink
+
+    async def stop(self) -> None:
+        """Stop listening, give in-flight exchanges ``drain`` s, record the rest as
+        abandoned, then flush and close the trace."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self._runner is not None:
+            await self._runner.cleanup()  # waits up to drain, then cancels handlers
+        await self._close_all()
+
+    def hurry(self) -> None:
+        """Cut in-flight exchanges now (a second Ctrl-C)."""
+        for task in list(self._handlers):
+            task.cancel()
+
+    async def _close_all(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        if self._sink is not None:
+            await asyncio.to_thread(self._sink.close)
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- relaying ----------------------------------------------------------------
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        start = time.monotonic_ns()
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        self.forwarded += 1
+        try:
+            expect = request.headers.get("Expect", "").lower()
+            if expect == "100-continue" and request.version == aiohttp.HttpVersion11:
+                # the low-level server does not answer it (curl sends it for big bodies)
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                request.writer.output_size = 0
+            if request.method == "POST" and request.path in RECORDED_PATHS:
+                return await self._recorded(request, start)
+            return await self._plain(request)
+        finally:
+            if task is not None:
+                self._handlers.discard(task)
+
+    def _target(self, request: web.BaseRequest) -> URL:
+        raw = request.raw_path
+        if not raw.startswith("/"):  # absolute-form request line
+            raw = URL(raw).raw_path_qs
+        return URL(self._base + raw, encoded=True)
+
+    def _upstream_headers(self, request: web.BaseRequest, *, body_held: bool) -> CIMultiDict[str]:
+        skip = hop_by_hop(request.headers) | _REQUEST_DROP
+        if body_held:
+            skip.add("content-length")  # aiohttp sets it from the held body
+        return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in skip)
+
+    def _response_headers(self, resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
+        skip = hop_by_hop(resp.headers)
+        return CIMultiDict((k, v) for k, v in resp.headers.items() if k.lower() not in skip)
+
+    def _bad_gateway(self, exc: BaseException) -> web.Response:
+        detail = str(exc) or type(exc).__name__
+        msg = f"replayer record: upstream {self._safe_upstream} unreachable: {detail}"
+        return web.Response(status=502, body=error_envelope(msg), content_type="application/json")
+
+    async def _plain(self, request: web.BaseRequest) -> web.StreamResponse:
+        assert self._client is not None
+        data = request.content if request.body_exists else None
+        try:
+            resp = await self._client.request(
+                request.method,
+                self._target(request),
+                headers=self._upstream_headers(request, body_held=False),
+                data=data,
+                allow_redirects=False,
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return self._bad_gateway(exc)
+        try:
+            out, _ = await self._relay(request, resp, None, None)
+        finally:
+            _done_with(resp)
+        return out
+
+    async def _recorded(self, request: web.BaseRequest, start: int) -> web.StreamResponse:
+        assert self._client is not None and self.recorder is not None
+        sha = hashlib.sha256()
+        chunks: list[bytes] = []
+        async for chunk in request.content.iter_any():
+            sha.update(chunk)
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        del chunks
+        body_ns = time.monotonic_ns()
+        ex = self.recorder.begin(
+            path=request.path,
+            raw=raw,
+            sha256=sha.hexdigest(),
+            start_ns=start,
+            body_ns=body_ns,
+            headers=request.headers,
+            query=request.query.items(),
+        )
+        headers = self._upstream_headers(request, body_held=True)
+        if ex is not None and self.config.add_request_id and ex.client_request_id is None:
+            headers["X-Request-Id"] = ex.request_id
+        data: Any = raw
+        if len(raw) > _SLICE:
+            # large: sent in slices, so the loop keeps serving other streams meanwhile
+            headers["Content-Length"] = str(len(raw))
+            data = _slices(raw)
+        try:
+            resp = await self._client.request(
+                "POST", self._target(request), headers=headers, data=data, allow_redirects=False
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            bad = self._bad_gateway(exc)
+            if ex is not None:
+                ex.status, ex.failure = 502, "connect"
+                ex.error = f"upstream unreachable: {str(exc) or type(exc).__name__}"
+                ex.end_ns = time.monotonic_ns()
+                self.recorder.finish(ex)
+            return bad
+        except asyncio.CancelledError:
+            if ex is not None:
+                self._abandon(ex, None)
+            raise
+        del raw, data
+        cap: Capture | None = None
+        if ex is not None:
+            ex.upstream_ns = time.monotonic_ns()
+            ex.status = resp.status
+            ctype = resp.headers.get("Content-Type", "")
+            cap = Capture(
+                chat=ex.path == CHAT_PATH,
+                sse=ctype.startswith("text/event-stream"),
+                encoding=resp.headers.get("Content-Encoding"),
+            )
+        try:
+            out, failure = await self._relay(request, resp, ex, cap)
+        except asyncio.CancelledError:
+            if ex is not None:
+                self._abandon(ex, cap)
+            raise
+        finally:
+            _done_with(resp)
+        if ex is not None:
+            ex.end_ns = time.monotonic_ns()
+            if failure == "client":
+                ex.abandoned = "client"
+            elif failure is not None:
+                ex.failure, ex.error = "upstream", failure
+            self._finish(ex, cap, resp.status)
+        return out
+
+    def _abandon(self, ex: Exchange, cap: Capture | None) -> None:
+        ex.end_ns = time.monotonic_ns()
+        ex.abandoned = "shutdown" if self.stopping else "client"
+        self._finish(ex, cap, ex.status or 0)
+
+    def _finish(self, ex: Exchange, cap: Capture | None, status: int) -> None:
+        assert self.recorder is not None
+        if cap is not None:
+            ex.reply = cap.finish(status)
+            ex.first_token_ns = cap.first_token_ns
+            ex.response_bytes = cap.bytes
+        self.recorder.finish(ex)
+
+    async def _relay(
+        self,
+        request: web.BaseRequest,
+        resp: aiohttp.ClientResponse,
+        ex: Exchange | None,
+        cap: Capture | None,
+    ) -> tuple[web.StreamResponse, str | None]:
+        """Stream the upstream response to the client. Returns the response and
+        ``None``, ``"client"`` (the client went away) or the upstream's error."""
+        recorder = self.recorder
+        assert recorder is not None
+        out = web.StreamResponse(
+            status=resp.status, reason=resp.reason, headers=self._response_headers(resp)
+        )
+        try:
+            await out.prepare(request)
+        except (ConnectionError, OSError):
+            return out, "client"
+        content = resp.content
+        while True:
+            try:
+                chunk = await content.readany()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                # the upstream broke off: cut the client the same way (no final chunk)
+                if request.transport is not None:
+                    request.transport.abort()
+                return out, f"upstream broke off: {str(exc) or type(exc).__name__}"
+            if not chunk:
+                break
+            if cap is None or ex is None:
+                try:
+                    await out.write(chunk)
+                except (ConnectionError, OSError):
+                    return out, "client"
+                continue
+            now = time.monotonic_ns()
+            if ex.first_byte_ns is None:
+                ex.first_byte_ns = now
+            # Relay first, parse after: the client never waits for the parsing -
+            # except at a stream's end, whose reply must be known before the
+            # client sees [DONE] and sends its next turn.
+            last = cap.sse and (cap.finishing or b"[DONE]" in chunk)
+            if last:
+                cap.feed(chunk, now)
+                if cap.done and ex.settled_ns is None:
+                    recorder.settle(ex, cap.reply(), now)
+            try:
+                await out.write(chunk)
+            except (ConnectionError, OSError):
+                if not last:
+                    cap.feed(chunk, now)
+                return out, "client"
+            if not last:
+                cap.feed(chunk, now)
+        try:
+            await out.write_eof()
+        except (ConnectionError, OSError):
+            return out, "client"
+        return out, None
+
+
+async def _slices(raw: bytes) -> AsyncIterator[memoryview]:
+    view = memoryview(raw)
+    for i in range(0, len(view), _SLICE):
+        yield view[i : i + _SLICE]
+
+
+def _done_with(resp: aiohttp.ClientResponse) -> None:
+    """Pool the upstream connection if its response was read whole; else close it
+    (so the upstream sees the disconnect, as it would without the proxy)."""
+    if resp.content.at_eof():
+        resp.release()
+    else:
+        resp.close()
+
+
+def parse_listen(spec: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``PORT`` (loopback)."""
+    s = spec.strip()
+    if s.isdigit():
+        return "127.0.0.1", int(s)
+    if s.startswith("["):
+        host, _, port = s[1:].partition("]:")
+    else:
+        host, _, port = s.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"--listen wants HOST:PORT or PORT, not {spec!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return False
+
+
+def header_names(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(v.strip() for v in values if v.strip())

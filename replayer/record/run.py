@@ -1,0 +1,128 @@
+"""``replayer record`` as a process: signals, progress lines, the port file.
+
+SIGTERM and SIGINT stop the recorder cleanly: it stops listening, gives
+in-flight exchanges ``--drain`` seconds, records those still open as
+abandoned (``meta.abandoned = "shutdown"``), flushes and closes the trace,
+and says where it is. A second signal cuts the drain short. SIGKILL needs no
+handling: the trace is flushed every ``--flush-interval`` (see
+:mod:`replayer.record.sink`).
+
+Progress goes to stderr every ``progress`` seconds while something changed:
+exchanges recorded, in flight, bytes on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from replayer._async import spawn
+from replayer.record.proxy import RecordConfig, RecordingProxy, is_loopback
+
+
+def say(msg: str) -> None:
+    print(f"record: {msg}", file=sys.stderr, flush=True)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def status_line(proxy: RecordingProxy) -> str:
+    rec = proxy.recorder
+    n, failed = (rec.recorded, rec.failed) if rec is not None else (0, 0)
+    return (
+        f"{n:,} exchanges recorded ({failed:,} failed), {proxy.inflight} in flight, "
+        f"{proxy.forwarded:,} requests forwarded, {human(_size(proxy.config.output))} written"
+    )
+
+
+async def _progress(proxy: RecordingProxy, every: float) -> None:
+    last = ""
+    while True:
+        await asyncio.sleep(every)
+        line = status_line(proxy)
+        if line != last:
+            say(line)
+            last = line
+
+
+def write_port_file(path: Path, port: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)
+
+
+async def serve(
+    config: RecordConfig,
+    *,
+    port_file: Path | None = None,
+    progress: float = 10.0,
+    segment_of: Path | None = None,
+) -> int:
+    """Run the recorder until SIGTERM/SIGINT; the exit code."""
+    proxy = RecordingProxy(config)
+    await proxy.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = [0]
+
+    def on_signal() -> None:
+        signals[0] += 1
+        if signals[0] == 1:
+            stop.set()
+        else:
+            say("second signal: cutting in-flight exchanges")
+            proxy.hurry()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    if not is_loopback(config.host):
+        say(
+            f"warning: listening on {config.host}, not loopback: anyone who can reach "
+            "this port can use the upstream through it"
+        )
+    say(
+        f"listening on {proxy.url} -> {proxy.upstream}; recording to {config.output} "
+        f"(flush every {config.flush_interval:g} s)"
+    )
+    if port_file is not None:
+        assert proxy.address is not None
+        write_port_file(port_file, proxy.address[1])
+    ticker = spawn(_progress(proxy, progress), name="record-progress") if progress > 0 else None
+    await stop.wait()
+    if proxy.inflight:
+        say(f"stopping: {proxy.inflight} in flight, up to {config.drain:g} s to finish")
+    if ticker is not None:
+        ticker.cancel()
+    await proxy.stop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+    sink = proxy.sink
+    rec = proxy.recorder
+    n = rec.recorded if rec is not None else 0
+    size = human(_size(config.output))
+    say(f"stopped; {n:,} exchanges recorded in {config.output} ({size})")
+    if segment_of is not None and config.output != segment_of:
+        say(
+            f"this is a segment of {segment_of}; join the segments with: "
+            f"replayer trace merge <segments> -o <merged.arrow>"
+        )
+    if sink.errors:
+        say(f"error: {sink.errors} row(s) could not be written (last: {sink.last_error})")
+        return 1
+    return 0

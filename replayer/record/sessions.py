@@ -1,0 +1,322 @@
+"""Session inference for recorded traffic: which earlier request does this one continue?
+
+Agents send no session ids, but they do send their whole conversation every
+turn: turn N+1's ``messages`` are turn N's messages, then turn N's reply (the
+assistant message, content and/or tool calls), then what happened since
+(tool results, the user's next message). So a request *continues* the
+earlier exchange E whose messages plus E's reply are a prefix of its own
+messages. The rules, in order:
+
+1. A session header (``X-Session-Id`` …) names the session outright; the turn
+   is the session's next index. Content matching still runs, only to find a
+   delta base.
+2. Otherwise the *parent* is the earlier completed exchange with the longest
+   match: its messages + its reply (successful or partial), or — for an
+   exchange that failed or was abandoned — its messages alone (a retry, or
+   the agent moving on without the lost reply). Text completions follow the
+   same rule on strings: an earlier prompt + its completion text.
+3. If the parent is the latest request of its session, the request joins
+   that session as its next turn. If the session has already moved on (the
+   parent was continued before), the request is a **fork**: a new session
+   (turn 0) that shares the parent's prefix, delta-encoded against it.
+4. No parent: a new session.
+
+Inferred sessions are named ``s-<request id of their first request>``, so
+names are stable and unique without a counter.
+
+Matching must survive the client re-serializing what it sends back, so each
+message is compared in a normalized form: parsed JSON with sorted keys,
+``content`` ``null``/missing/``""`` equal, surrounding whitespace ignored,
+text parts joined, tool-call arguments compared as parsed JSON (and ``""`` as
+``{}``), tool-call ids and bookkeeping keys (``refusal``, ``annotations``,
+``reasoning``, ``cache_control`` …) ignored. Each request is hashed once,
+message by message, into a running digest, and each prefix digest is looked
+up in a dict: O(request size) per request, whatever the number of sessions.
+Text prompts are grouped by their first characters and hashed incrementally
+at the candidate lengths of their group (one pass over the prompt).
+
+This module decides; it does not read the network, store rows or keep
+bodies (only digests, bounded by ``memory`` entries, oldest forgotten first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+Source = Literal["header", "new", "next", "fork"]
+_GROUP = 32  # text prompts are indexed by their first _GROUP characters
+_TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+_PART_IGNORED = frozenset({"cache_control"})
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Where a request goes: its session, turn and the request it continues."""
+
+    session_id: str
+    turn: int
+    source: Source
+    """``header``: named by a header; ``new``: first of an inferred session;
+    ``next``: next turn of its parent's session; ``fork``: a new session
+    branching from its parent."""
+    parent: str | None = None
+    """request id of the earlier exchange this one extends (its delta base)."""
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return repr(obj).encode()
+
+
+def _norm_content(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        parts: list[Any] = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type") in _TEXT_PART_TYPES:
+                text = p.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+                    continue
+            if isinstance(p, dict):
+                parts.append(
+                    {k: v for k, v in p.items() if v is not None and k not in _PART_IGNORED}
+                )
+            else:
+                parts.append(p)
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts).strip()
+        return parts
+    return content
+
+
+def _norm_arguments(args: Any) -> Any:
+    if isinstance(args, str):
+        s = args.strip()
+        if not s:
+            return {}
+        try:
+            return orjson.loads(s)
+        except orjson.JSONDecodeError:
+            return s
+    return {} if args is None else args
+
+
+def _norm_function(fn: Any) -> Any:
+    if not isinstance(fn, dict):
+        return fn
+    return {"name": fn.get("name"), "arguments": _norm_arguments(fn.get("arguments"))}
+
+
+def _norm_call(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    return _norm_function(call.get("function"))
+
+
+def norm_message(message: Any) -> bytes:
+    """The canonical bytes of one chat message, for matching only (never stored)."""
+    if not isinstance(message, dict):
+        return _dumps(message)
+    role = message.get("role")
+    out: dict[str, Any] = {"role": role}
+    content = _norm_content(message.get("content"))
+    if content:
+        out["content"] = content
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        out["tool_calls"] = [_norm_call(c) for c in calls]
+    fc = message.get("function_call")
+    if isinstance(fc, dict):
+        out["function_call"] = _norm_function(fc)
+    if role != "assistant":
+        for key in ("tool_call_id", "name"):
+            v = message.get(key)
+            if v is not None:
+                out[key] = v
+    return _dumps(out)
+
+
+def _step(h: Any, item: bytes) -> None:
+    # length-prefixed, so no two message sequences hash the same byte stream
+    h.update(len(item).to_bytes(8, "little"))
+    h.update(item)
+
+
+def _new_hash() -> Any:
+    return hashlib.blake2b(digest_size=16)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What an in-flight request needs at completion to register its keys."""
+
+    kind: Literal["chat", "text"]
+    state: Any  # hash object after the request's own content
+    digest: bytes  # digest of the request's own content
+    group: str = ""  # text: first characters of the prompt
+    length: int = 0  # text: prompt length in characters
+
+
+class SessionTracker:
+    """Assigns sessions and turns at arrival; learns replies at completion.
+
+    **Usage**::
+
+        tracker = SessionTracker()
+        a = tracker.assign("rec-000001", body, header_session=None)
+        ...  # forward, assemble the reply
+        tracker.complete("rec-000001", {"role": "assistant", "content": "..."}, ok=True)
+
+    ``complete`` must be called for every assigned request (``reply=None``
+    when there is none); a request's reply is matchable only after it.
+    """
+
+    def __init__(self, *, memory: int = 500_000) -> None:
+        self.memory = memory
+        self._chat: OrderedDict[bytes, str] = OrderedDict()
+        """digest of messages (+ reply) -> request id."""
+        self._text: dict[str, dict[int, dict[bytes, str]]] = {}
+        """first chars -> length -> digest of prompt (+ completion) -> request id."""
+        self._text_lru: OrderedDict[tuple[str, int, bytes], None] = OrderedDict()
+        self._info: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        """request id -> (session id, turn)."""
+        self._last: dict[str, str] = {}
+        """session id -> its latest request id."""
+        self._turns: dict[str, int] = {}
+        self._pending: dict[str, _Pending] = {}
+
+    # -- arrival -----------------------------------------------------------------
+
+    def assign(
+        self, request_id: str, body: Mapping[str, Any] | None, header_session: str | None = None
+    ) -> Assignment:
+        parent = self._match(request_id, body)
+        if header_session:
+            return self._place(request_id, header_session, "header", parent)
+        if parent is not None:
+            info = self._info.get(parent)
+            if info is not None and self._last.get(info[0]) == parent:
+                return self._place(request_id, info[0], "next", parent)
+            return self._place(request_id, f"s-{request_id}", "fork", parent)
+        return self._place(request_id, f"s-{request_id}", "new", None)
+
+    def _place(self, rid: str, sid: str, source: Source, parent: str | None) -> Assignment:
+        turn = self._turns.get(sid, 0)
+        self._turns[sid] = turn + 1
+        self._last[sid] = rid
+        self._info[rid] = (sid, turn)
+        while len(self._info) > self.memory:
+            old, (old_sid, _) = self._info.popitem(last=False)
+            if self._last.get(old_sid) == old:
+                del self._last[old_sid]
+                self._turns.pop(old_sid, None)
+        return Assignment(session_id=sid, turn=turn, source=source, parent=parent)
+
+    def _match(self, rid: str, body: Mapping[str, Any] | None) -> str | None:
+        if not isinstance(body, Mapping):
+            return None
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            return self._match_chat(rid, messages)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return self._match_text(rid, prompt)
+        return None
+
+    def _match_chat(self, rid: str, messages: list[Any]) -> str | None:
+        h = _new_hash()
+        best: str | None = None
+        best_digest = digest = h.digest()
+        for m in messages:
+            _step(h, norm_message(m))
+            digest = h.digest()
+            hit = self._chat.get(digest)
+            if hit is not None:
+                # later prefixes are longer: the last hit is the longest match
+                best, best_digest = hit, digest
+        self._pending[rid] = _Pending("chat", h, digest)
+        if best is not None:
+            self._chat.move_to_end(best_digest)  # a live session's key stays remembered
+        return best
+
+    def _match_text(self, rid: str, prompt: str) -> str | None:
+        h = _new_hash()
+        best: str | None = None
+        group = self._text.get(prompt[:_GROUP]) if len(prompt) >= _GROUP else None
+        done = 0
+        if group:
+            for length in sorted(n for n in group if n <= len(prompt)):
+                h.update(prompt[done:length].encode())
+                done = length
+                hit = group[length].get(h.digest())
+                if hit is not None:
+                    best = hit
+        h.update(prompt[done:].encode())
+        self._pending[rid] = _Pending("text", h, h.digest(), prompt[:_GROUP], len(prompt))
+        return best
+
+    # -- completion --------------------------------------------------------------
+
+    def complete(self, request_id: str, reply: Any, *, ok: bool) -> None:
+        """Register what later requests may extend.
+
+        ``reply``: chat, the assembled assistant message (dict); text, the
+        completion text; None when nothing came back. ``ok``: the exchange
+        succeeded (a failed or abandoned one is also matchable without its
+        reply, for the agent's retry)."""
+        p = self._pending.pop(request_id, None)
+        if p is None:
+            return
+        if p.kind == "chat":
+            if reply is not None:
+                h = p.state.copy()
+                _step(h, norm_message(reply))
+                self._remember_chat(h.digest(), request_id)
+            if not ok:
+                self._remember_chat(p.digest, request_id)
+            return
+        if isinstance(reply, str) and reply:
+            h = p.state.copy()
+            h.update(reply.encode())
+            group = (p.group + reply[:_GROUP])[:_GROUP]
+            self._remember_text(group, p.length + len(reply), h.digest(), request_id)
+        if not ok or reply == "":
+            self._remember_text(p.group, p.length, p.digest, request_id)
+
+    def _remember_chat(self, digest: bytes, rid: str) -> None:
+        self._chat[digest] = rid
+        self._chat.move_to_end(digest)
+        while len(self._chat) > self.memory:
+            self._chat.popitem(last=False)
+
+    def _remember_text(self, group: str, length: int, digest: bytes, rid: str) -> None:
+        if length < _GROUP or len(group) < _GROUP:
+            return
+        self._text.setdefault(group, {}).setdefault(length, {})[digest] = rid
+        self._text_lru[(group, length, digest)] = None
+        while len(self._text_lru) > self.memory:
+            (g, n, d), _ = self._text_lru.popitem(last=False)
+            by_len = self._text.get(g)
+            if by_len is not None and n in by_len:
+                by_len[n].pop(d, None)
+                if not by_len[n]:
+                    del by_len[n]
+                if not by_len:
+                    del self._text[g]
+
+    @property
+    def sessions(self) -> int:
+        """Sessions seen (bounded by ``memory``)."""
+        return len(self._turns)
