@@ -23,6 +23,8 @@ COMMAND_MODULES = (
     "replayer.cli.trace_cmds",
     "replayer.cli.replay",
     "replayer.cli.check",
+    "replayer.cli.bisect",
+    "replayer.cli.record",
     "replayer.cli.emulate",
     "replayer.cli.demo",
 )

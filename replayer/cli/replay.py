@@ -137,6 +137,13 @@ def add_monitor_arguments(p: argparse.ArgumentParser) -> None:
         help="after a failure, watch S seconds more before classifying (default 10)",
     )
     g.add_argument(
+        "--grace",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="after the last request, watch S seconds more for a late crash (default 3)",
+    )
+    g.add_argument(
         "--no-monitor", action="store_true", help="no health polling, scraping or hang watchdog"
     )
 
@@ -149,8 +156,8 @@ def watch_from(args: argparse.Namespace) -> Any:
     for name in ("health_interval", "scrape_interval", "stall_timeout", "min_prefill_rate"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    if args.settle < 0:
-        raise UsageError("--settle must not be negative")
+    if args.settle < 0 or args.grace < 0:
+        raise UsageError("--settle and --grace must not be negative")
     for url in args.scrape:
         if not url.startswith(("http://", "https://")):
             raise UsageError(f"--scrape {url!r}: want an http(s) URL")
@@ -161,6 +168,7 @@ def watch_from(args: argparse.Namespace) -> Any:
         stall_timeout=args.stall_timeout,
         min_prefill_rate=args.min_prefill_rate,
         settle=args.settle,
+        grace=args.grace,
     )
 
 

@@ -102,12 +102,23 @@ class TrialEnv:
     """Requests that fail with a 4xx even in the full trace: not INVALID."""
     needs_restart: bool = True
     started: bool = False
+    pidfile: Path | None = None
+    """Where a launched server's process group is noted, so a bisect killed
+    with SIGKILL can reap its orphaned server when it resumes."""
 
     async def prepare(self) -> None:
         """Make the target fresh enough for the next trial."""
+        try:
+            await self._prepare()
+        except BaseException:
+            self.needs_restart = True  # whatever state it is in, start over next time
+            raise
+
+    async def _prepare(self) -> None:
         t = self.target
         if not self.started:
             await t.start()
+            self._note_pid()
             self.started = True
             self.needs_restart = False
             await t.wait_ready()
@@ -119,6 +130,7 @@ class TrialEnv:
                     "--restart-cmd"
                 )
             await t.restart()
+            self._note_pid()
             self.needs_restart = False
             await t.wait_ready()
             return
@@ -126,6 +138,11 @@ class TrialEnv:
             res = await t.reset(self.reset)
             if res.performed is ResetMode.RESTART:
                 await t.wait_ready()
+
+    def _note_pid(self) -> None:
+        pid = getattr(self.target, "pid", None)
+        if self.pidfile is not None and pid is not None:
+            self.pidfile.write_text(f"{pid}\n{_cmdline(pid)}\n")
 
     async def run(
         self,
@@ -192,3 +209,30 @@ class TrialEnv:
             failure=f,
             client_errors=errors,
         )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def reap_orphan(pidfile: Path) -> bool:
+    """Kill the process group a killed bisect left behind, if it is still the
+    same program (pid reuse is checked against the noted command line)."""
+    import os
+    import signal
+
+    try:
+        pid_text, cmd = [*pidfile.read_text().splitlines(), "", ""][:2]
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return False
+    if not cmd or _cmdline(pid) != cmd:
+        return False
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

@@ -52,6 +52,9 @@ class WatchConfig:
     """Seconds to keep probing after a failure before classifying it."""
     health_failures: int = 2
     """Consecutive 503/refused probes that fail the target on their own."""
+    grace: float = 3.0
+    """After the last request, keep watching this long: a crash can come seconds
+    after its trigger, when nothing is in flight any more."""
 
 
 @dataclass
@@ -203,6 +206,20 @@ class TargetWatch:
                     f"{self.config.stall_timeout:g} s while /health stays 200",
                 )
                 self.abort()
+
+    async def grace_period(self) -> None:
+        """No failure yet: watch ``grace`` more seconds for a late one."""
+        if self.failed_at is not None or self.config.grace <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.grace
+        for _ in range(100_000):
+            if self.failed_at is not None or loop.time() >= deadline:
+                return
+            if self.process is not None and self.process.exited():
+                self.on_failure("exit", "the server process exited after the last request")
+                return
+            await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
 
     async def settle(self) -> None:
         """After a failure: probe until the process is gone or the settle

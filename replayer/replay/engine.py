@@ -109,9 +109,7 @@ class TargetRun:
             self.failure = failure
             if self.watch is not None:
                 self.watch.mark_failed(failure.at_us / 1e6)
-            log.warning(
-                "target %s failed: %s (%s)", self.target.name, failure.kind, failure.message
-            )
+            log.info("target %s failed: %s (%s)", self.target.name, failure.kind, failure.message)
         if stop:
             self.stopped.set()
 
@@ -306,6 +304,8 @@ class Replay:
         if w is None:
             return
         try:
+            if run.failure is None:
+                await w.grace_period()
             if run.failure is not None:
                 await w.settle()
                 f = run.failure

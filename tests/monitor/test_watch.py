@@ -19,7 +19,9 @@ from replayer.trace.synth import SynthOptions, write_trace
 
 MODEL = "moonshotai/Kimi-K3"
 # the emulator exits 1 s after engine death (vLLM: up to 5 s; the default settle is 10)
-FAST = WatchConfig(health_interval=0.2, scrape_interval=0.2, stall_timeout=1.0, settle=3.0)
+FAST = WatchConfig(
+    health_interval=0.2, scrape_interval=0.2, stall_timeout=1.0, settle=3.0, grace=1.0
+)
 
 
 def one_session(tmp_path, turns=8):

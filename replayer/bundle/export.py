@@ -1,0 +1,195 @@
+"""Repro bundles: everything another team needs to reproduce a crash.
+
+A bundle is a directory (and ``DIR.tar.gz``)::
+
+    manifest.json     format and replayer versions, the source trace (path,
+                      sha256, requests), the minimal repro's request ids in
+                      order, prefix length, signature, reproduction rate,
+                      control result, trial count, replay policy, target facts
+    trace.arrow       the minimal trace (a replayer trace)
+    requests.jsonl    its requests with full bodies, readable, in order
+    repro.py          standard-library replay: ``python3 repro.py --url URL``
+    server.log        the tail of the crashing server's log
+    metrics-before-failure.txt   the last metrics scrape before the crash
+    trials.jsonl      the whole search, one line per trial
+    README.md         how a stranger reproduces it
+
+No secrets: API keys are never in a trace or a run, and target facts keep
+only environment variables whose names carry no KEY/TOKEN/SECRET/PASSWORD.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replayer import __version__
+from replayer.trace.export import jsonl_lines
+from replayer.trace.reader import Trace
+from replayer.trace.subset import write_subset
+
+BUNDLE_FORMAT_VERSION = 1
+REPRO_SOURCE = Path(__file__).with_name("repro.py")
+LOG_TAIL_BYTES = 256 << 10
+
+
+def _dump(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+    os.replace(tmp, path)
+
+
+def write_bundle(
+    out: Path,
+    *,
+    trace: Trace,
+    trace_sha256: str,
+    rows: Sequence[int],
+    manifest: dict[str, Any],
+    server_log: str | None = None,
+    metrics_snapshot: str | None = None,
+    trials: Sequence[dict[str, Any]] = (),
+) -> Path:
+    """Write (or rewrite) a bundle directory atomically and its tarball."""
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    write_subset(trace, rows, tmp / "trace.arrow", details={"bundle": True})
+    sub = Trace.open(tmp / "trace.arrow")
+    with (tmp / "requests.jsonl").open("wb") as f:
+        for line in jsonl_lines(sub):
+            f.write(line + b"\n")
+    ids = [sub.column("request_id")[r] for r in sub.order]
+    full = {
+        "format_version": BUNDLE_FORMAT_VERSION,
+        "replayer_version": __version__,
+        "source_trace": {"path": str(trace.path), "sha256": trace_sha256, "requests": len(trace)},
+        "requests": ids,
+        **manifest,
+    }
+    _dump(tmp / "manifest.json", full)
+    shutil.copyfile(REPRO_SOURCE, tmp / "repro.py")
+    os.chmod(tmp / "repro.py", 0o755)
+    if server_log:
+        data = server_log.encode(errors="replace")[-LOG_TAIL_BYTES:]
+        (tmp / "server.log").write_bytes(data)
+    if metrics_snapshot:
+        (tmp / "metrics-before-failure.txt").write_text(metrics_snapshot)
+    with (tmp / "trials.jsonl").open("wb") as f:
+        for t in trials:
+            f.write(orjson.dumps(t) + b"\n")
+    (tmp / "README.md").write_text(readme(full))
+    if out.exists():
+        old = out.with_name(f".{out.name}.old{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+    _tarball(out)
+    return out
+
+
+def _tarball(bundle: Path) -> Path:
+    """``DIR.tar.gz`` next to the directory, written atomically."""
+    target = bundle.with_name(bundle.name + ".tar.gz")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(bundle, arcname=bundle.name)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, target)
+    return target
+
+
+def readme(m: dict[str, Any]) -> str:
+    """The bundle's README: what crashed, and how to see it crash."""
+    sig = m.get("signature") or {}
+    rep = m.get("reproduction") or {}
+    ctl = m.get("control") or {}
+    pol = m.get("policy") or {}
+    facts = m.get("target") or {}
+    lines = [
+        f"# Crash repro: {sig.get('class', 'server failure')}",
+        "",
+        f"{len(m['requests'])} request(s) out of {m['source_trace']['requests']:,} in the "
+        f"source trace reproduce this crash"
+        + (
+            f" (the shortest crashing prefix is {m['prefix_length']:,} requests)."
+            if m.get("prefix_length")
+            else "."
+        ),
+        "",
+        "## Reproduce it",
+        "",
+        "Start the server the way the target was started (see *Target* below), then, "
+        "with any Python 3.9+ and nothing installed:",
+        "",
+        "```sh",
+        "python3 repro.py --url http://HOST:PORT",
+        "```",
+        "",
+        "It replays `requests.jsonl` in the recorded order and timing and exits 1 if the "
+        "server failed, 0 if not. With replayer installed, "
+        "`replayer bundle verify . --url http://HOST:PORT --runs 10` reports the rate.",
+        "",
+        "## What crashed",
+        "",
+        f"- class: `{sig.get('class', '?')}`",
+        f"- signature: `{sig.get('hash', '?')}`",
+    ]
+    if sig.get("text"):
+        lines += ["", "```", str(sig["text"]).strip(), "```"]
+    if sig.get("suspects"):
+        lines += [
+            "",
+            "Requests named in the crashing batch (vLLM's scheduler dump): "
+            + ", ".join(f"`{s}`" for s in sig["suspects"]),
+        ]
+    lines += [
+        "",
+        "## How often",
+        "",
+        f"- on the target: {rep.get('text', 'not measured')}",
+    ]
+    if ctl:
+        lines.append(
+            f"- on the control ({ctl.get('name', 'control')}): {ctl.get('text', 'not measured')}"
+        )
+    lines += [
+        "",
+        "## Replay policy",
+        "",
+        f"timing `{pol.get('timing', 'recorded')}`, speed {pol.get('speed', 1)}, order "
+        f"`{pol.get('order', 'strict')}`, streaming forced: {pol.get('force_stream', True)}.",
+        "",
+        "## Target",
+        "",
+    ]
+    if facts.get("launch"):
+        lines += ["Launch command:", "", "```sh", str(facts["launch"]), "```", ""]
+    for key in ("version", "models", "env"):
+        if facts.get(key):
+            val = facts[key]
+            shown = orjson.dumps(val).decode() if not isinstance(val, str) else val
+            lines.append(f"- {key}: `{shown[:500]}`")
+    lines += [
+        "",
+        "## Files",
+        "",
+        "- `manifest.json`: everything above, machine-readable",
+        "- `trace.arrow`: the minimal trace (`replayer replay trace.arrow --target URL`)",
+        "- `requests.jsonl`: the same requests with full bodies",
+        "- `server.log`: the tail of the crashing server's log",
+        "- `trials.jsonl`: every trial of the search that found this",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""Bisect against real emulator subprocesses with planted faults, where the
+emulator's semantics give the ground truth: exact minimal prefixes, an exact
+minimal subset, another bug never accepted, a delayed crash."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import socket
+import sys
+
+import orjson
+import pytest
+
+from replayer.minimize.oracle import Outcome
+from replayer.minimize.pipeline import Bisect, BisectOptions, run_bisect
+from replayer.minimize.trial import TrialEnv
+from replayer.monitor.watch import WatchConfig
+from replayer.replay.plan import select
+from replayer.replay.policy import ReplayPolicy, Timing
+from replayer.target.base import ResetMode
+from replayer.target.factory import make_target
+from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+from replayer.trace.synth import SynthOptions, write_trace
+
+MODEL = "moonshotai/Kimi-K3"
+WATCH = WatchConfig(
+    health_interval=0.1, scrape_interval=1.0, stall_timeout=5.0, settle=3.0, grace=0.8
+)
+QUICK = BisectOptions(calibrate_matches=2, calibrate_runs=4, confirm=2)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def emulator_cmd(*faults, extra=()):
+    args = [
+        sys.executable,
+        "-m",
+        "replayer.emulator",
+        "--port",
+        str(free_port()),
+        "--speed",
+        "instant",
+        *extra,
+    ]
+    for f in faults:
+        args += ["--fault", f]
+    return shlex.join(args)
+
+
+def synth(tmp_path, **kw):
+    p = tmp_path / "t.arrow"
+    write_trace(p, SynthOptions(model=MODEL, max_tokens=4, **kw))
+    return Trace.open(p)
+
+
+async def bisect(tmp_path, trace, *faults, opts=QUICK, extra=(), timing=Timing.ASAP):
+    rows = select(trace)
+    target = make_target(
+        launch=emulator_cmd(*faults, extra=extra),
+        log_path=tmp_path / "bisect" / "server.log",
+        model=MODEL,
+    )
+    env = TrialEnv(
+        trace=trace,
+        policy=ReplayPolicy(timing=timing),
+        target=target,
+        watch=WATCH,
+        reset=ResetMode.RESTART,
+    )
+    b = Bisect(trace, rows, env, tmp_path / "bisect", opts, say=lambda m: None)
+    res = await run_bisect(b)
+    manifest = orjson.loads((tmp_path / "bisect" / "bundle" / "manifest.json").read_bytes())
+    return b, res, manifest
+
+
+def stage_trials(b, stage):
+    return [r for r in b.oracle.history() if r.stage == stage]
+
+
+@pytest.mark.slow
+async def test_exact_prefix_for_the_nth_request(tmp_path):
+    t = synth(tmp_path, sessions=5, turns=6, context=8_000, rate=50, think=0.0, seed=3)
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix"), calibrate_matches=2, calibrate_runs=4, confirm=0
+    )
+    b, res, m = await bisect(tmp_path, t, "exit after=0.2 when request=17", opts=opts)
+    assert res.status == "complete"
+    assert m["prefix_length"] == 17
+    assert len(res.best.positions) == 17
+    # binary search: at most ceil(log2 n) probes over the cut trace (<= 30 requests)
+    assert len(stage_trials(b, "prefix")) <= math.ceil(math.log2(30))
+    assert m["requests"] == [t.column("request_id")[r] for r in t.order[:17]]
+
+
+def expected_threshold_prefix(trace, tokens, k):
+    """1 + the first position whose request is long enough and whose session
+    is at least the k-th distinct one (the emulator's session index)."""
+    rank: dict[str, int] = {}
+    for i, r in enumerate(trace.order):
+        s = trace.column("session_id")[r]
+        rank.setdefault(s, len(rank) + 1)
+        if trace.column("input_tokens")[r] >= tokens and rank[s] >= k:
+            return i + 1
+    raise AssertionError("the fault never fires")
+
+
+@pytest.mark.slow
+async def test_exact_prefix_for_a_context_threshold_after_k_sessions(tmp_path):
+    t = synth(tmp_path, sessions=6, turns=6, context=12_000, rate=3, think=0.2, seed=4)
+    h = expected_threshold_prefix(t, 7_000, 4)
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix"), calibrate_matches=2, calibrate_runs=4, confirm=0
+    )
+    b, res, m = await bisect(
+        tmp_path, t, "exit after=0.2 when prompt_tokens>=7000 and session>=4", opts=opts
+    )
+    assert m["prefix_length"] == h
+
+
+@pytest.mark.slow
+async def test_exact_prefix_when_the_crash_comes_later(tmp_path):
+    # the engine dies 0.4 s after the 8th request: the run has gone on by then
+    t = synth(tmp_path, sessions=4, turns=6, context=8_000, rate=50, think=0.0, seed=5)
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix"), calibrate_matches=2, calibrate_runs=4, confirm=0
+    )
+    b, res, m = await bisect(tmp_path, t, "exit after=0.2 when request=8 delay=0.4", opts=opts)
+    first = stage_trials(b, "calibrate")[0]
+    summary = orjson.loads((tmp_path / "bisect" / first.run / "summary.json").read_bytes())
+    assert summary["targets"]["target"]["sent"] > 8  # the failure point is only a bound
+    assert m["prefix_length"] == 8
+
+
+def shared_document_trace(tmp_path):
+    """Sessions a and b open with the same 4,000-token document; six others
+    share nothing. b hits the prefix cache only if a ran before it."""
+    doc = "the quick brown fox " * 800  # 16,000 bytes = 4,000 tokens
+    plan = [
+        ("n1", "x"),
+        ("a", doc + "question a"),
+        ("n2", "y"),
+        ("n3", "z"),
+        ("n4", "w"),
+        ("b", doc + "question b"),
+        ("n5", "v"),
+        ("n6", "u"),
+    ]
+    p = tmp_path / "shared.arrow"
+    with TraceWriter(p, TraceMeta(source="test")) as w:
+        for i, (sid, text) in enumerate(plan):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 2,
+            }
+            w.add(
+                RequestRecord.from_body(
+                    body,
+                    request_id=f"{sid}-0",
+                    session_id=sid,
+                    turn=0,
+                    start_us=i * 50_000,
+                    end_us=i * 50_000 + 5_000,
+                )
+            )
+    return Trace.open(p)
+
+
+@pytest.mark.slow
+async def test_exact_subset_for_a_trigger_that_needs_two_sessions(tmp_path):
+    t = shared_document_trace(tmp_path)
+    # recorded timing (50 ms apart): a is in the cache by the time b arrives
+    b, res, m = await bisect(
+        tmp_path,
+        t,
+        "exit after=0.2 when cached_tokens>=3000",
+        extra=("--enable-prompt-tokens-details",),
+        timing=Timing.RECORDED,
+    )
+    assert res.status == "complete"
+    assert m["requests"] == ["a-0", "b-0"]
+    assert m["reproduction"]["crashes"] == m["reproduction"]["runs"] == 2
+    assert m["signature"]["class"] == "process_exit"
+    assert b.oracle.crash_rate()[0] == b.oracle.crash_rate()[1]  # deterministic throughout
+    assert m["policy"]["timing"] == "asap" or m["policy"]["speed"] > 1  # the timing stage won
+
+
+@pytest.mark.slow
+async def test_another_bug_is_recorded_never_accepted(tmp_path):
+    # the chased crash: a long request of the 4th session. Planted earlier in
+    # the trace: a CUDA crash whenever the 2nd request is long, which the full
+    # trace never triggers (its 2nd request is a first turn) but reductions do
+    t = synth(tmp_path, sessions=5, turns=5, context=12_000, rate=2, think=0.3, seed=6)
+    b, res, m = await bisect(
+        tmp_path,
+        t,
+        "exit after=0.2 gpu=hsa when prompt_tokens>=9000 and session>=4",
+        "exit after=0.2 gpu=cuda when request=2 and prompt_tokens>=5000",
+    )
+    others = [r for r in b.oracle.history() if r.outcome is Outcome.OTHER_FAILURE]
+    assert others, "the reduction never ran into the second bug"
+    chased = m["signature"]["hash"]
+    assert all(r.signature != chased for r in others)
+    assert m["bugs"] and {x["signature"] for x in m["bugs"]} == {r.signature for r in others}
+    assert "Memory access fault" in m["signature"]["text"]  # still the HSA crash
+    assert m["reproduction"]["crashes"] == 2
