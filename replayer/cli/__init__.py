@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "replayer.cli.replay",
     "replayer.cli.check",
     "replayer.cli.bisect",
+    "replayer.cli.bundle",
     "replayer.cli.record",
     "replayer.cli.emulate",
     "replayer.cli.demo",

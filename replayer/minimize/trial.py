@@ -137,6 +137,7 @@ class TrialEnv:
         if self.reset is not ResetMode.NONE:
             res = await t.reset(self.reset)
             if res.performed is ResetMode.RESTART:
+                self._note_pid()
                 await t.wait_ready()
 
     def _note_pid(self) -> None:

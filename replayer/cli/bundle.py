@@ -1,0 +1,198 @@
+"""``replayer bundle verify`` and ``replayer soak``: rates, not anecdotes.
+
+``bundle verify DIR`` replays a repro bundle N times (its own policy) against
+a server and reports how often the bundle's crash reproduced: k/N with a 95%
+Wilson interval. Exit 0 if it reproduced at least once, 1 if never (with the
+upper bound on its rate), 2 usage, 3 if the server would not come up.
+
+``soak TRACE`` verifies a fix: N runs of a trace; exit 0 if none crashed
+(the report gives the 95% upper bound on the crash rate, 1 - 0.05^(1/N)),
+1 if any did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from replayer.cli.check import add_lifecycle_arguments, target_from, trace_model
+from replayer.cli.replay import (
+    add_monitor_arguments,
+    add_policy_arguments,
+    add_selection_arguments,
+    policy_from,
+    watch_from,
+)
+from replayer.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bundle", help="work with repro bundles")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(p))
+    v = verbs.add_parser(
+        "verify",
+        help="replay a bundle N times and report the crash rate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v.add_argument("bundle", type=Path, metavar="DIR")
+    add_lifecycle_arguments(v)
+    v.add_argument("--runs", type=int, default=10, metavar="N", help="runs (default 10)")
+    v.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the runs go (default DIR/verify-<timestamp>)",
+    )
+    add_monitor_arguments(v)
+    v.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser(
+        "soak",
+        help="verify a fix: N runs of a trace, expecting no crash",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("trace", type=Path, metavar="TRACE")
+    add_lifecycle_arguments(s)
+    s.add_argument("--runs", type=int, default=20, metavar="N", help="runs (default 20)")
+    s.add_argument("--out", type=Path, default=None, metavar="DIR")
+    add_policy_arguments(s)
+    add_monitor_arguments(s)
+    add_selection_arguments(s)
+    s.set_defaults(func=cmd_soak)
+
+
+async def _runs(env: Any, rows: list[int], out: Path, n: int, label: str) -> list[Any]:
+    results = []
+    try:
+        for i in range(n):
+            res = await env.run(rows, out / f"{i + 1:03d}")
+            results.append(res)
+            cls = f" [{res.failure_class}]" if res.failure_class else ""
+            print(f"{label} {i + 1}/{n}: {res.outcome.value}{cls}", file=sys.stderr, flush=True)
+    finally:
+        await env.target.stop()
+    return results
+
+
+def _out_dir(given: Path | None, base: Path, prefix: str) -> Path:
+    import datetime as dt
+
+    from replayer.replay.run import prepare_out
+
+    if given is not None:
+        return prepare_out(given, False)
+    return prepare_out(base / f"{prefix}-{dt.datetime.now():%Y%m%d-%H%M%S}", False)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import orjson
+
+    from replayer.minimize.oracle import Outcome
+    from replayer.minimize.stats import describe_rate
+    from replayer.minimize.trial import Chase, TrialEnv
+    from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
+    from replayer.target.base import reset_mode
+    from replayer.trace.reader import Trace
+
+    d: Path = args.bundle
+    try:
+        manifest = orjson.loads((d / "manifest.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise UsageError(f"{d}: not a repro bundle (manifest.json: {exc})") from None
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    watch = watch_from(args)
+    if watch is None:
+        raise UsageError("verify classifies every run: it needs the monitor")
+    trace = Trace.open(d / "trace.arrow")
+    p = manifest.get("policy") or {}
+    policy = ReplayPolicy(
+        timing=Timing(p.get("timing", "recorded")),
+        order=Order(p.get("order", "strict")),
+        speed=float(p.get("speed", 1.0)),
+        max_inflight=p.get("max_inflight"),
+        mode=Mode(p.get("mode", "verbatim")),
+        force_stream=p.get("force_stream", True),
+        model=p.get("model"),
+        request_timeout=float(p.get("request_timeout", 1800.0)),
+        on_failure=OnFailure.STOP,
+    )
+    sig = manifest.get("signature") or {}
+    chase = Chase(failure_class=sig.get("class"), signature=sig.get("hash"))
+    rows = list(trace.order)
+    out = _out_dir(args.out, d, "verify")
+    target, key = target_from(args, out / "server.log", trace_model(trace, rows, policy.model))
+    env = TrialEnv(
+        trace=trace,
+        policy=policy,
+        target=target,
+        watch=watch,
+        reset=reset_mode(args.reset),
+        api_key=key,
+        chase=chase,
+    )
+    results = asyncio.run(_runs(env, rows, out, args.runs, "run"))
+    counted = [r for r in results if r.outcome is not Outcome.INFRA]
+    k = sum(r.outcome is Outcome.MATCH for r in counted)
+    other = sum(r.outcome is Outcome.OTHER_FAILURE for r in counted)
+    print(
+        f"bundle {d}: {describe_rate(k, len(counted))}"
+        + (f"; {other} other failure(s)" if other else "")
+        + (
+            f"; {len(results) - len(counted)} run(s) could not start"
+            if len(counted) < len(results)
+            else ""
+        )
+    )
+    if not counted:
+        return 3
+    return 0 if k else 1
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from replayer.minimize.oracle import Outcome
+    from replayer.minimize.stats import describe_rate
+    from replayer.minimize.trial import TrialEnv
+    from replayer.replay.plan import select
+    from replayer.target.base import reset_mode
+    from replayer.trace.reader import Trace
+
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    policy = policy_from(args)
+    watch = watch_from(args)
+    if watch is None:
+        raise UsageError("soak classifies every run: it needs the monitor")
+    trace = Trace.open(args.trace)
+    rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    if not rows:
+        raise UsageError("the selection is empty: nothing to replay")
+    out = _out_dir(args.out, Path("runs"), "soak")
+    target, key = target_from(args, out / "server.log", trace_model(trace, rows, policy.model))
+    env = TrialEnv(
+        trace=trace,
+        policy=policy,
+        target=target,
+        watch=watch,
+        reset=reset_mode(args.reset),
+        api_key=key,
+    )
+    results = asyncio.run(_runs(env, rows, out, args.runs, "soak"))
+    counted = [r for r in results if r.outcome is not Outcome.INFRA]
+    crashes = [r for r in counted if r.outcome in (Outcome.MATCH, Outcome.OTHER_FAILURE)]
+    print(f"soak {args.trace}: {describe_rate(len(crashes), len(counted))}")
+    for r in crashes[:5]:
+        sig = f" {r.signature.hash}" if r.signature else ""
+        print(f"  crash: {r.failure_class}{sig}: {(r.message or '')[:160]}")
+    if not counted:
+        return 3
+    return 1 if crashes else 0

@@ -1,0 +1,88 @@
+"""A bundle's repro.py needs nothing but a bare Python: it exits 1 against the
+faulty server and 0 against a healthy one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+
+from replayer.bundle.export import write_bundle
+from replayer.trace import Trace
+from replayer.trace.synth import SynthOptions, write_trace
+
+MODEL = "moonshotai/Kimi-K3"
+
+
+def make_bundle(tmp_path):
+    p = tmp_path / "t.arrow"
+    write_trace(
+        p, SynthOptions(sessions=2, turns=3, context=5_000, max_tokens=4, model=MODEL, seed=9)
+    )
+    t = Trace.open(p)
+    return write_bundle(
+        tmp_path / "bundle",
+        trace=t,
+        trace_sha256="x" * 64,
+        rows=t.order,
+        manifest={
+            "policy": {"timing": "asap", "speed": 1.0},
+            "signature": None,
+            "prefix_length": 6,
+        },
+        trials=[{"trial": 1}],
+    )
+
+
+def repro(bundle, url):
+    # -I -S: isolated mode, no site-packages: the standard library alone
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(bundle / "repro.py"), "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+
+
+def test_bundle_layout(tmp_path):
+    b = make_bundle(tmp_path)
+    assert sorted(p.name for p in b.iterdir()) == [
+        "README.md",
+        "manifest.json",
+        "repro.py",
+        "requests.jsonl",
+        "trace.arrow",
+        "trials.jsonl",
+    ]
+    m = orjson.loads((b / "manifest.json").read_bytes())
+    t = Trace.open(b / "trace.arrow")
+    assert m["requests"] == [t.column("request_id")[r] for r in t.order]
+    assert len((b / "requests.jsonl").read_text().splitlines()) == 6
+    assert (tmp_path / "bundle.tar.gz").stat().st_size > 0
+    assert "python3 repro.py --url" in (b / "README.md").read_text()
+
+
+def test_repro_exits_1_on_the_faulty_server_and_0_on_a_healthy_one(tmp_path, emulator_factory):
+    b = make_bundle(tmp_path)
+    bad = emulator_factory(["--speed", "instant", "--fault", "dead when request=4"])
+    res = repro(b, bad.url)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "SERVER FAILED: first failure on" in res.stdout
+    assert "/health now: 503" in res.stdout
+    good = emulator_factory(["--speed", "instant"])
+    res = repro(b, good.url)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no failure: all 6 requests completed" in res.stdout
+    # every request went out with its trace id, in trace order
+    t = Trace.open(b / "trace.arrow")
+    sent = [e["request_id"] for e in good.read_request_log() if e["event"] == "request"]
+    assert sent == [t.column("request_id")[r] for r in t.order]
+
+
+def test_repro_bad_usage(tmp_path):
+    b = make_bundle(tmp_path)
+    res = repro(b, "localhost:8000")
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("repro.py: error: --url must be")
