@@ -1,26 +1,40 @@
-"""``replayer demo``: the main job on the embedded default (``make demo``).
+"""``replayer demo``: the whole story on the built-in emulator (``make demo``).
 
-It starts the built-in vLLM emulator with a crash hidden in it (the engine
-dies once a long context meets a busy batch, as on the MI355 reports), replays
-the bundled agent trace ``traces/agents-8x10.arrow`` against it at 10x speed,
-and shows the failure being caught: which request, what the client saw, every
-request accounted for. Exit 0 when the crash was caught as expected.
+1. Start the vLLM emulator with a crash hidden in it: the engine dies (a HSA
+   memory-access fault, as on MI355) when a long request gets a large
+   prefix-cache hit, which only happens on a later turn of a long session.
+2. Replay the bundled agent trace (``traces/agents-8x10.arrow``, 80
+   requests in 8 sessions) against it at 20x speed: the crash is caught,
+   classified and signed from the server log.
+3. Bisect: restart the server for every trial and shrink the trace to the
+   smallest one that still crashes the same way.
+4. Verify the bundle against a healthy emulator as the control platform,
+   and print where the bundle is and what it says.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
+import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 REPO_TRACES = Path(__file__).resolve().parents[2] / "traces"
 DEMO_TRACE = REPO_TRACES / "agents-8x10.arrow"
-DEMO_FAULT = "exit gpu=hsa when prompt_tokens>=15000 and running>=2"
+DEMO_FAULT = "exit gpu=hsa after=0.3 when cached_tokens>=14000 and prompt_tokens>=18000"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("demo", help="crash the built-in emulator with a sample trace, catch it")
+    p = sub.add_parser(
+        "demo",
+        help="crash the built-in emulator, bisect the trace, bundle it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where to write")
     p.add_argument("--trace", type=Path, default=DEMO_TRACE, help="trace to replay")
     p.add_argument("--fault", default=DEMO_FAULT, help="the emulator fault to hide")
@@ -31,65 +45,138 @@ def _say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _emulator(fault: str | None) -> str:
+    args = [
+        sys.executable,
+        "-m",
+        "replayer.emulator",
+        "--port",
+        str(_port()),
+        "--speed",
+        "10",
+        "--enable-prompt-tokens-details",
+    ]
+    if fault:
+        args += ["--fault", fault]
+    return shlex.join(args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import shutil
 
+    from replayer.minimize.pipeline import (
+        Bisect,
+        BisectOptions,
+        Control,
+        fisher_one_sided,
+        run_bisect,
+    )
+    from replayer.minimize.stats import describe_rate
+    from replayer.minimize.trial import TrialEnv
     from replayer.monitor.watch import WatchConfig
-    from replayer.replay.client import Target
     from replayer.replay.plan import select
     from replayer.replay.policy import ReplayPolicy
-    from replayer.replay.run import replay_to_dir
     from replayer.replay.summary import render
-    from replayer.testing.emulator import EmulatorProcess
+    from replayer.target.base import ResetMode
+    from replayer.target.factory import make_target
     from replayer.trace.reader import Trace
     from replayer.trace.stats import inspect_trace
 
+    t_start = time.monotonic()
     out: Path = args.out
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     trace = Trace.open(args.trace)
     info = inspect_trace(trace)
-    _say(
-        f"== trace {args.trace}: {info['requests']} requests, {info['sessions']} agent "
-        f"sessions, context up to {info['input_tokens']['max']:,} tokens"
+    rows = select(trace)
+    model = "moonshotai/Kimi-K3"
+    policy = ReplayPolicy(speed=20.0, request_timeout=60.0)
+    watch = WatchConfig(
+        health_interval=0.2, scrape_interval=0.5, stall_timeout=20.0, settle=3.0, grace=1.0
     )
-    _say(f"== starting the vLLM emulator with a hidden fault: {args.fault!r}")
-    emu_dir = out / "emulator"
-    with EmulatorProcess(["--speed", "10", "--fault", args.fault], workdir=emu_dir) as emu:
-        _say(f"   emulator ready at {emu.url} (log: {emu.log_path})")
-        _say("== replaying at 10x recorded speed, strict trace order")
-        rows = select(trace)
-        policy = ReplayPolicy(speed=10.0, request_timeout=60.0)
-        watch = WatchConfig(health_interval=0.5, scrape_interval=0.5, stall_timeout=20.0)
-        outcome = asyncio.run(
-            replay_to_dir(
-                trace,
-                rows,
-                policy,
-                [Target("emulator", emu.url)],
-                out / "run",
-                command=["replayer", "demo"],
-                watch=watch,
-                processes={"emulator": emu},
-            )
-        )
-        code = emu.wait_exit(30)
-    _say()
-    _say(render(outcome.summary))
-    t = outcome.summary["targets"].get("emulator", {})
-    if not t.get("failed"):
-        _say("\n!! the emulator survived: the fault was not reached (unexpected)")
+    faulty = _emulator(args.fault)
+
+    _say(
+        f"== 1. the trace: {args.trace.name}, {info['requests']} requests in "
+        f"{info['sessions']} agent sessions, contexts up to {info['input_tokens']['max']:,} "
+        "tokens"
+    )
+    _say(f"   the emulator hides a fault: {args.fault!r}")
+    _say("== 2. replay at 20x recorded speed against it")
+
+    async def replay_once() -> Any:
+        target = make_target(launch=faulty, log_path=out / "replay" / "server.log", model=model)
+        env = TrialEnv(trace=trace, policy=policy, target=target, watch=watch)
+        try:
+            return await env.run(rows, out / "replay", progress=True, command=["replayer", "demo"])
+        finally:
+            await target.stop()
+
+    first = asyncio.run(replay_once())
+    if first.run is None or first.failure is None:
+        _say("!! the emulator did not crash: the fault was not reached (unexpected)")
         return 1
-    f = t["failure"]
-    _say(
-        f"\n== caught: {f.get('class', f['kind'])}: the server failed on request "
-        f"{f['request_id']} ({f['kind']}); it exited with code {code}, as single-API-server "
-        "vLLM does after engine death"
+    _say(render(first.run.summary))
+    sig = first.signature
+    _say(f"   caught: {first.failure_class}; signature {sig.hash if sig else '-'}")
+    if sig is not None:
+        _say(f"   {sig.text}")
+
+    _say("\n== 3. bisect: a fresh server for every trial, the shortest crashing trace")
+    bdir = out / "bisect"
+    target = make_target(launch=faulty, log_path=bdir / "server.log", model=model)
+    env = TrialEnv(
+        trace=trace,
+        policy=policy,
+        target=target,
+        watch=watch,
+        reset=ResetMode.RESTART,
+        pidfile=bdir / "server.pid",
     )
-    if f.get("inflight"):
-        _say(f"   in flight with it: {', '.join(f['inflight'])}")
-    _say(f"   every request is accounted for: {t['status']}")
-    _say(f"   results: {out / 'run' / 'results.arrow'}, summary: {out / 'run' / 'summary.json'}")
-    _say(f"   server log: {emu_dir / 'server.log'}")
+    control_target = make_target(
+        launch=_emulator(None), log_path=bdir / "control-server.log", model=model
+    )
+    control = Control(
+        "healthy-emulator",
+        TrialEnv(
+            trace=trace, policy=policy, target=control_target, watch=watch, name="healthy-emulator"
+        ),
+    )
+    bdir.mkdir(parents=True)
+    b = Bisect(
+        trace,
+        rows,
+        env,
+        bdir,
+        BisectOptions(calibrate_matches=3, calibrate_runs=5, confirm=5),
+        control=control,
+        facts={"launch": faulty},
+        say=_say,
+    )
+    res = asyncio.run(run_bisect(b))
+    if res.status != "complete" or res.bundle is None:
+        _say(f"!! bisect ended {res.status}")
+        return 1
+    ids = [trace.column("request_id")[rows[p]] for p in res.best.positions]
+    k, n = res.reproduction
+    _say("\n== 4. the repro bundle")
+    _say(f"   {len(ids)} of {len(rows)} requests crash the server the same way: " + ", ".join(ids))
+    _say(f"   found in {res.trials} trials; replay {res.best.timing} at {res.best.speed:g}x")
+    _say(f"   faulty emulator: {describe_rate(k, n)}")
+    if res.control is not None:
+        pval = fisher_one_sided(k, n, *res.control)
+        _say(
+            f"   healthy emulator (control): {describe_rate(*res.control)}; "
+            f"p = {pval:.3g} (Fisher exact, one-sided)"
+        )
+    _say(f"   bundle: {res.bundle}  (and {res.bundle}.tar.gz)")
+    _say(f"   reproduce anywhere: python3 {res.bundle / 'repro.py'} --url http://HOST:PORT")
+    _say(f"\ndemo finished in {time.monotonic() - t_start:.0f} s")
     return 0
