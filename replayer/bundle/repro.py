@@ -25,11 +25,12 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
 
-def load(path: Path) -> list[dict]:
+def load(path: Path) -> list[dict[str, Any]]:
     """The requests, in trace order (the file's order)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -38,7 +39,7 @@ class Result:
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.status = "not sent"
-        self.http = None
+        self.http: int | None = None
         self.detail = ""
         self.failed = False
         self.done = threading.Event()
@@ -47,7 +48,11 @@ class Result:
 
 
 def send(
-    url: urllib.parse.SplitResult, row: dict, res: Result, args: argparse.Namespace, t0: float
+    url: urllib.parse.SplitResult,
+    row: dict[str, Any],
+    res: Result,
+    args: argparse.Namespace,
+    t0: float,
 ) -> None:
     body = dict(row["body"])
     if args.model:
@@ -67,7 +72,7 @@ def send(
     if key:
         headers["Authorization"] = f"Bearer {key}"
     conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(url.hostname, url.port, timeout=args.timeout)
+    conn = conn_cls(url.hostname or "", url.port, timeout=args.timeout)
     try:
         try:
             conn.request("POST", url.path.rstrip("/") + row["path"], body=data, headers=headers)
@@ -124,7 +129,7 @@ def send(
 
 def health(url: urllib.parse.SplitResult) -> str:
     try:
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=5)
         conn.request("GET", url.path.rstrip("/") + "/health")
         status = conn.getresponse().status
         conn.close()

@@ -447,4 +447,4 @@ def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
         if res.signature is not None:
             print(f"  signature {res.signature.hash}: {res.signature.text}")
         print(f"run directory: {out}")
-    return res.run.exit_code
+    return int(res.run.exit_code)

@@ -29,7 +29,7 @@ def zero_upper(n: int, alpha: float = 0.05) -> float:
     """Exact one-sided upper bound on p after 0 events in n runs: 1 - a^(1/n)."""
     if n <= 0:
         return 1.0
-    return 1 - alpha ** (1 / n)
+    return float(1 - alpha ** (1 / n))
 
 
 def repeats_for(p_lo: float, alpha: float = 0.05, cap: int = 60) -> int:

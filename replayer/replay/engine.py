@@ -366,8 +366,9 @@ class Replay:
             fut = asyncio.get_running_loop().create_future()
             run.waiters[p] = fut
         stop = spawn(run.stopped.wait(), name="stop-wait")
+        waits: set[asyncio.Future[Any]] = {fut, stop}
         try:
-            await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
         return run.done_at[p] is not None and not run.stopped.is_set()

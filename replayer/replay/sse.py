@@ -181,7 +181,7 @@ class StreamStats:
 
     @property
     def output_hash(self) -> str:
-        return self._hash.hexdigest()[:16]
+        return str(self._hash.hexdigest()[:16])
 
     def assistant_message(self) -> dict[str, Any]:
         """The reply as a chat message (live mode threads it into later turns)."""

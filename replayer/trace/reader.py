@@ -208,7 +208,7 @@ class Trace:
     # -- index access ------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._num_rows
+        return int(self._num_rows)
 
     def column(self, name: str) -> list[Any]:
         """An index column as a Python list (cached)."""

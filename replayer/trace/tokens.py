@@ -26,7 +26,7 @@ import hashlib
 import math
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_TOKEN_RANGE: tuple[int, int] = (10_000, 32_000)
@@ -140,7 +140,7 @@ def approx_text_tokens(text: str) -> int:
     return math.ceil(len(text.encode()) / 4)
 
 
-def approx_message_tokens(message: dict[str, object]) -> int:
+def approx_message_tokens(message: Mapping[str, object]) -> int:
     """Tokens of one chat message: its text parts, tool-call names and
     arguments at four bytes a token, plus four for the role and framing."""
     n = 4

@@ -115,6 +115,7 @@ class RequestRecord:
         """Split a recorded body into params and content by its shape."""
         messages = body.get("messages")
         prompt = body.get("prompt")
+        content: Any
         if isinstance(messages, list):
             kind, content = Kind.CHAT, messages
         elif isinstance(prompt, str) and "messages" not in body:
@@ -259,7 +260,7 @@ class TraceWriter:
             if keep == 0:
                 base = None
                 base_row = None
-            appended = content[keep:] if kind is not Kind.RAW else None
+            appended: Any = content[keep:] if kind is not Kind.RAW else None
             if kind is Kind.BLOCKS and not all(type(b) is int for b in appended):
                 raise TraceError(f"{rec.request_id}: block ids must be integers")
             stored_params = (
