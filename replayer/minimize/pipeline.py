@@ -329,7 +329,13 @@ class Bisect:
         async def probe(prefix: tuple[int, ...]) -> bool:
             return await self.test(prefix, "prefix")
 
-        h = await shortest_prefix(items, (), probe)
+        if self.oracle.repeats(upto=self.oracle.mark("prefix")) > 1:
+            # flaky: one run per probe, weighed by a posterior, beats r runs per probe
+            h = await self.oracle.flaky_prefix(
+                len(items), lambda j: self.candidate(items[:j]), stage="prefix"
+            )
+        else:
+            h = await shortest_prefix(items, (), probe)
         self.prefix_length = h
         self._improve(self.candidate(items[:h]), "prefix")
 

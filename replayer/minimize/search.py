@@ -55,3 +55,46 @@ async def bisect_reduce(items: Sequence[T], pinned: tuple[T, ...], test: Test[T]
         remaining = remaining[: h - 1]
     order = {x: i for i, x in enumerate(items)}
     return tuple(sorted(kept, key=order.__getitem__))
+
+
+async def bayes_prefix(
+    n: int,
+    probe: Callable[[int], Awaitable[bool]],
+    p: Callable[[], float],
+    *,
+    confidence: float = 0.95,
+    max_probes: int = 1000,
+) -> int:
+    """The shortest crashing prefix under a flaky crash (Turner's Bayesian
+    bisection for one-sided noise, MINIMIZE.md §4.1).
+
+    A posterior over h* (the minimal prefix length, 1..n; prefix n is known to
+    crash) is kept. ``probe(j)`` runs prefix j once: a crash rules out every
+    h* > j; a quiet run multiplies the weight of every h* <= j by ``1 - p``
+    (it would have crashed with probability p). Each probe goes to the
+    posterior median; the search ends when one length holds ``confidence``
+    of the mass. An under-estimated p costs probes, never accuracy."""
+    w = [0.0] + [1.0] * n
+    for _ in range(max_probes):
+        total = sum(w)
+        best = max(range(1, n + 1), key=w.__getitem__)
+        if w[best] / total >= confidence:
+            return best
+        # probe where the posterior CDF is nearest 1/2: the median or just below it
+        acc, j, below = 0.0, n, 0.0
+        for h in range(1, n + 1):
+            prev = acc
+            acc += w[h]
+            if acc / total >= 0.5:
+                j, below = h, prev / total
+                break
+        if j > 1 and 0.5 - below < acc / total - 0.5:
+            j -= 1
+        if await probe(j):
+            for h in range(j + 1, n + 1):
+                w[h] = 0.0
+        else:
+            q = 1.0 - p()
+            for h in range(1, j + 1):
+                w[h] *= q
+    return max(range(1, n + 1), key=w.__getitem__)

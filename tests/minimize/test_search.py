@@ -4,16 +4,19 @@ bounds, and the one-sided-noise invariant (the result holds every culprit)."""
 from __future__ import annotations
 
 import math
+import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replayer.minimize.oracle import Candidate, Oracle, Outcome
+from replayer.minimize.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
 from replayer.minimize.search import bisect_reduce, shortest_prefix
 from replayer.testing.fakes import FakeRunner
 
 
 def make_oracle(tmp_path, culprits, p=1.0, seed=0, **kw):
+    tmp_path.mkdir(exist_ok=True)
     runner = FakeRunner(frozenset(culprits), p=p, seed=seed, **kw)
     return Oracle(runner, tmp_path / f"journal-{seed}-{len(culprits)}.jsonl"), runner
 
@@ -80,3 +83,54 @@ async def test_one_sided_noise_never_loses_a_culprit(tmp_path_factory, seed, p, 
         return  # never reproduced: the pipeline stops here
     got = await bisect_reduce(list(items), (), as_test(oracle))
     assert culprits <= set(got)
+
+
+def prefixes(j):
+    return Candidate(tuple(range(j)))
+
+
+async def test_bayesian_prefix_is_exact_and_cheaper_than_repeats_under_a_coin_flip_crash(
+    tmp_path,
+):
+    """MINIMIZE.md §4.1: at p = 0.5 the posterior search finds the exact
+    prefix on at least 19 of 20 seeds, never a too-short one, and spends
+    fewer runs than binary search with r quiet repeats per dismissal."""
+    n, exact, bayes, repeats, searches = 1000, 0, 0, 0, 0
+    for seed in range(40):
+        if searches == 20:
+            break
+        culprit = random.Random(seed).randrange(n)
+        oracle, runner = make_oracle(tmp_path / "b", {culprit}, p=0.5, seed=seed)
+        assert await calibrate(oracle, runner, range(n))
+        if oracle.repeats() == 1:
+            continue  # five straight crashes (1 in 32): taken as deterministic
+        searches += 1
+        h = await oracle.flaky_prefix(n, prefixes)
+        assert h >= culprit + 1
+        exact += h == culprit + 1
+        bayes += len(runner.calls)
+        oracle, runner = make_oracle(tmp_path / "r", {culprit}, p=0.5, seed=seed)
+        await calibrate(oracle, runner, range(n))
+        await shortest_prefix(list(range(n)), (), as_test(oracle))
+        repeats += len(runner.calls)
+    assert searches == 20 and exact >= 19
+    assert bayes < repeats
+    assert bayes / 20 <= 6 * math.ceil(math.log2(n))
+
+
+async def test_bayesian_prefix_resumes_on_the_same_path(tmp_path):
+    j = tmp_path / "j.jsonl"
+    first = FakeRunner(frozenset({37}), p=0.5, seed=3)
+    o = Oracle(first, j, budget=Budget(max_trials=20))
+    await calibrate(o, first, range(100))
+    with pytest.raises(BudgetExhausted):
+        await o.flaky_prefix(100, prefixes)  # killed mid-search
+    done = o.trials
+    again = FakeRunner(frozenset({37}), p=0.5, seed=4)
+    o2 = Oracle(again, j)
+    assert await o2.flaky_prefix(100, prefixes) == 38
+    assert [r.trial for r in o2.history()][:done] == list(range(1, done + 1))
+    assert len(again.calls) == o2.trials - done  # no journaled run was repeated
+    idle = FakeRunner(frozenset({37}), p=0.0)
+    o3 = Oracle(idle, j)  # a finished search replays from the journal alone
+    assert await o3.flaky_prefix(100, prefixes) == 38 and idle.calls == []

@@ -1,0 +1,196 @@
+"""Bisect trial counts and accuracy (issue 6), against real emulator
+subprocesses with planted faults whose ground truth the emulator defines.
+
+1. **Deterministic, 1,000 requests in 100 sessions**: a prefix-cache crash
+   (the engine dies when a long request gets a large cache hit: the trigger
+   and the previous turn of its session). Trials per stage and in total
+   (targets: prefix <= ceil(log2 n) + 2, the whole pipeline without
+   confirmation runs <= 45), and whether the result is exactly those two
+   requests.
+2. **Flaky, p = 0.5**: the engine dies on the 40th request with probability
+   0.5 per run (a fresh seed every launch). Over 20 seeded bisects of the
+   prefix stage, how often the exact minimal prefix (40) is found, and the
+   trials it took.
+3. The same flaky model with the fake runner (no server), 200 seeds, to show
+   the statistics alone.
+
+Run: ``python -m bench bisect`` (``-- --quick``: 5 flaky runs instead of 20).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import shlex
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "moonshotai/Kimi-K3"
+LAUNCHER = Path(__file__).with_name("bisect_launcher.py")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _bisect(trace_path: Path, out: Path, launch: str, opts: Any, timing: str) -> Any:
+    from replayer.minimize.pipeline import Bisect, run_bisect
+    from replayer.minimize.trial import TrialEnv
+    from replayer.monitor.watch import WatchConfig
+    from replayer.replay.plan import select
+    from replayer.replay.policy import ReplayPolicy, Timing
+    from replayer.target.base import ResetMode
+    from replayer.target.factory import make_target
+    from replayer.trace.reader import Trace
+
+    trace = Trace.open(trace_path)
+    rows = select(trace)
+    target = make_target(launch=launch, log_path=out / "server.log", model=MODEL)
+    watch = WatchConfig(health_interval=0.1, scrape_interval=5.0, stall_timeout=10.0,
+                        settle=3.0, grace=0.5)
+    env = TrialEnv(trace=trace, policy=ReplayPolicy(timing=Timing(timing)), target=target,
+                   watch=watch, reset=ResetMode.RESTART)
+    b = Bisect(trace, rows, env, out, opts, say=lambda m: None)
+    t0 = time.monotonic()
+    res = await run_bisect(b)
+    return b, res, time.monotonic() - t0, trace
+
+
+def deterministic(tmp: Path) -> dict[str, Any]:
+    from replayer.minimize.pipeline import BisectOptions
+    from replayer.trace.synth import SynthOptions, write_trace
+
+    trace_path = tmp / "det.arrow"
+    write_trace(trace_path, SynthOptions(sessions=100, turns=10, context=30_000, max_tokens=4,
+                                         rate=2.0, think=1.0, model=MODEL, seed=21))
+    fault = "exit after=0.1 when cached_tokens>=20000 and prompt_tokens>=25000"
+    launch = shlex.join([sys.executable, "-m", "replayer.emulator", "--port", str(_port()),
+                         "--speed", "instant", "--fault", fault])
+    opts = BisectOptions(confirm=0)
+    b, res, secs, trace = asyncio.run(_bisect(trace_path, tmp / "det", launch, opts, "asap"))
+    hist = b.oracle.history()
+    per_stage: dict[str, int] = {}
+    for r in hist:
+        per_stage[r.stage] = per_stage.get(r.stage, 0) + 1
+    ids = [trace.column("request_id")[trace.order[p]] for p in res.best.positions]
+    # ground truth from the emulator's rule: the first long request with a big
+    # cache hit, i.e. a turn whose previous turn (same session) was long enough
+    truth = None
+    order = trace.order
+    sess, tok = trace.column("session_id"), trace.column("input_tokens")
+    prev: dict[str, int] = {}
+    for p, r in enumerate(order):
+        s = sess[r]
+        if tok[r] >= 25_000 and s in prev and tok[order[prev[s]]] >= 20_000:
+            truth = [trace.column("request_id")[order[prev[s]]], trace.column("request_id")[r]]
+            break
+        prev[s] = p
+    n_cut = next((r.size for r in hist if r.stage == "cut"), len(order))
+    return {
+        "requests": len(order),
+        "sessions": 100,
+        "result": ids,
+        "expected": truth,
+        "exact": ids == truth,
+        "prefix_length": b.prefix_length,
+        "trials_total": len(hist),
+        "trials_by_stage": per_stage,
+        "prefix_bound": math.ceil(math.log2(n_cut)) + 2,
+        "cut_size": n_cut,
+        "seconds": round(secs, 1),
+    }
+
+
+def flaky(tmp: Path, runs: int) -> dict[str, Any]:
+    from replayer.minimize.pipeline import BisectOptions
+    from replayer.trace.synth import SynthOptions, write_trace
+
+    trace_path = tmp / "flaky.arrow"
+    write_trace(trace_path, SynthOptions(sessions=6, turns=10, context=8_000, max_tokens=4,
+                                         rate=20.0, think=0.0, model=MODEL, seed=22))
+    fault = "exit after=0.1 when request=40 p=0.5"
+    exact = 0
+    trials = []
+    found = []
+    for seed in range(runs):
+        counter = tmp / f"launches-{seed}"
+        launch = shlex.join([sys.executable, str(LAUNCHER), str(counter), str(seed * 1000),
+                             "--port", str(_port()), "--speed", "instant", "--fault", fault])
+        opts = BisectOptions(stages=("calibrate", "cut", "prefix"), calibrate_matches=5,
+                             calibrate_runs=12, confirm=0)
+        b, res, _, _ = asyncio.run(_bisect(trace_path, tmp / f"flaky-{seed}", launch, opts,
+                                           "asap"))
+        found.append(b.prefix_length)
+        exact += b.prefix_length == 40
+        trials.append(len(b.oracle.history()))
+        print(f"  flaky run {seed + 1}/{runs}: prefix {b.prefix_length} in "
+              f"{trials[-1]} trials", file=sys.stderr, flush=True)
+    return {"runs": runs, "exact": exact, "prefixes": found,
+            "trials_mean": round(statistics.mean(trials), 1), "trials_max": max(trials)}
+
+
+def simulated(seeds: int) -> dict[str, Any]:
+    from replayer.minimize.oracle import Candidate, Oracle, Outcome
+    from replayer.minimize.search import shortest_prefix
+    from replayer.testing.fakes import FakeRunner
+
+    exact = 0
+    trials = []
+    with tempfile.TemporaryDirectory() as d:
+        for seed in range(seeds):
+            runner = FakeRunner(frozenset({39}), p=0.5, seed=seed)
+            o = Oracle(runner, Path(d) / f"j{seed}.jsonl", deterministic_after=5)
+            full = Candidate(tuple(range(60)))
+
+            async def go(o: Oracle = o, full: Candidate = full) -> int:
+                for _ in range(12):
+                    if o.counts(full)[Outcome.MATCH] >= 5:
+                        break
+                    await o.run_once(full, "calibrate")
+
+                async def probe(prefix: tuple[int, ...]) -> bool:
+                    return await o.test(Candidate(prefix))
+
+                return await shortest_prefix(list(range(60)), (), probe)
+
+            h = asyncio.run(go())
+            exact += h == 40
+            trials.append(len(runner.calls))
+    return {"seeds": seeds, "exact": exact, "trials_mean": round(statistics.mean(trials), 1),
+            "trials_max": max(trials)}
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="bench bisect")
+    ap.add_argument("--quick", action="store_true")
+    opts = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="replayer-bench-bisect-") as d:
+        tmp = Path(d)
+        det = deterministic(tmp)
+        print("| deterministic prefix-cache crash, 1,000 requests / 100 sessions | value |")
+        print("|---|---|")
+        print(f"| result | {', '.join(det['result'])} (exact: {det['exact']}) |")
+        print(f"| trials, total without confirmation | **{det['trials_total']}** (target <= 45) |")
+        print(f"| trials by stage | {det['trials_by_stage']} |")
+        print(f"| prefix trials | {det['trials_by_stage'].get('prefix', 0)} (target <= "
+              f"ceil(log2 {det['cut_size']}) + 2 = {det['prefix_bound']}) |")
+        print(f"| wall time | {det['seconds']} s |")
+        fl = flaky(tmp, 5 if opts.quick else 20)
+        print("\n| flaky (p = 0.5) crash on the 40th request, prefix stage | value |")
+        print("|---|---|")
+        print(f"| exact minimal prefix | **{fl['exact']} / {fl['runs']}** (target >= 19 of 20) |")
+        print(f"| prefixes found | {fl['prefixes']} |")
+        print(f"| trials per bisect | mean {fl['trials_mean']}, max {fl['trials_max']} |")
+    sim = simulated(200)
+    print(f"\n| simulated (fake runner), p = 0.5, 200 seeds | exact {sim['exact']}/200, trials "
+          f"mean {sim['trials_mean']}, max {sim['trials_max']} |")
+    return {"deterministic": det, "flaky": fl, "simulated": sim}
