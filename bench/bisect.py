@@ -138,35 +138,52 @@ def flaky(tmp: Path, runs: int) -> dict[str, Any]:
             "trials_mean": round(statistics.mean(trials), 1), "trials_max": max(trials)}
 
 
-def simulated(seeds: int) -> dict[str, Any]:
+def simulated(seeds: int, n: int = 1000) -> dict[str, Any]:
+    """Bayesian bisection against binary search with the repeat rule, on the
+    fake runner (one culprit, crash probability p), same seeds for both."""
+    import random
+
     from replayer.minimize.oracle import Candidate, Oracle, Outcome
     from replayer.minimize.search import shortest_prefix
     from replayer.testing.fakes import FakeRunner
 
-    exact = 0
-    trials = []
+    def prefixes(j: int) -> Candidate:
+        return Candidate(tuple(range(j)))
+
+    async def one(d: Path, seed: int, p: float, bayes: bool) -> tuple[bool, int] | None:
+        culprit = random.Random(seed).randrange(n)
+        runner = FakeRunner(frozenset({culprit}), p=p, seed=seed)
+        o = Oracle(runner, d / f"{bayes}-{p}-{seed}.jsonl")
+        full = prefixes(n)
+        for _ in range(12):  # the pipeline's calibration: 5 matches or 12 runs
+            if o.counts(full)[Outcome.MATCH] >= 5:
+                break
+            await o.run_once(full, "calibrate")
+        if not o.matched:
+            return None
+        runner.calls.clear()
+        if bayes:
+            h = await o.flaky_prefix(n, prefixes)
+        else:
+
+            async def probe(prefix: tuple[int, ...]) -> bool:
+                return await o.test(Candidate(prefix))
+
+            h = await shortest_prefix(list(range(n)), (), probe)
+        return h == culprit + 1, len(runner.calls)
+
+    out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:
-        for seed in range(seeds):
-            runner = FakeRunner(frozenset({39}), p=0.5, seed=seed)
-            o = Oracle(runner, Path(d) / f"j{seed}.jsonl", deterministic_after=5)
-            full = Candidate(tuple(range(60)))
-
-            async def go(o: Oracle = o, full: Candidate = full) -> int:
-                for _ in range(12):
-                    if o.counts(full)[Outcome.MATCH] >= 5:
-                        break
-                    await o.run_once(full, "calibrate")
-
-                async def probe(prefix: tuple[int, ...]) -> bool:
-                    return await o.test(Candidate(prefix))
-
-                return await shortest_prefix(list(range(60)), (), probe)
-
-            h = asyncio.run(go())
-            exact += h == 40
-            trials.append(len(runner.calls))
-    return {"seeds": seeds, "exact": exact, "trials_mean": round(statistics.mean(trials), 1),
-            "trials_max": max(trials)}
+        for p in (0.3, 0.5, 0.8):
+            for bayes in (False, True):
+                got = [r for s in range(seeds) if (r := asyncio.run(one(Path(d), s, p, bayes)))]
+                out[f"{'bayes' if bayes else 'repeats'} p={p}"] = {
+                    "searches": len(got),
+                    "exact": sum(e for e, _ in got),
+                    "trials_mean": round(statistics.mean(t for _, t in got), 1),
+                    "trials_max": max(t for _, t in got),
+                }
+    return out
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -190,7 +207,11 @@ def main(argv: list[str]) -> dict[str, Any]:
         print(f"| exact minimal prefix | **{fl['exact']} / {fl['runs']}** (target >= 19 of 20) |")
         print(f"| prefixes found | {fl['prefixes']} |")
         print(f"| trials per bisect | mean {fl['trials_mean']}, max {fl['trials_max']} |")
-    sim = simulated(200)
-    print(f"\n| simulated (fake runner), p = 0.5, 200 seeds | exact {sim['exact']}/200, trials "
-          f"mean {sim['trials_mean']}, max {sim['trials_max']} |")
+    sim = simulated(100)
+    print("\n| prefix search, fake runner, n = 1,000, 100 seeds | searches | exact | "
+          "trials mean | max |")
+    print("|---|---|---|---|---|")
+    for name, r in sim.items():
+        print(f"| {name} | {r['searches']} | {r['exact']} | {r['trials_mean']} | "
+              f"{r['trials_max']} |")
     return {"deterministic": det, "flaky": fl, "simulated": sim}

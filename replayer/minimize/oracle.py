@@ -302,33 +302,29 @@ class Oracle:
         :func:`~replayer.minimize.search.bayes_prefix`), for a crash too flaky
         for :meth:`test`'s repeat rule to be cheap.
 
-        A probe first consumes the candidate's journaled runs, oldest first, so
-        a resumed search takes the same path; the crash rate it assumes is the
-        pooled rate's 95% Wilson lower bound as of the newest run consumed, so
-        that path does not depend on runs made later. (A bound at z=1 saves a
-        fifth of the runs but returns a too-long prefix on ~5% of searches.)"""
+        The runs pooled before the search (:meth:`crash_rate`) are its prior
+        on the crash rate. A probe first consumes the candidate's runs
+        journaled after that point, oldest first, so a resumed search takes
+        the same path and repeats no run."""
         clock = self.mark(stage)
         used: dict[str, int] = {}
 
         async def probe(j: int) -> bool:
-            nonlocal clock
             cand = make(j)
             key = cand.key()
-            known = sorted(self.records.get(key, []), key=lambda r: r.trial)
+            known = sorted(
+                (r for r in self.records.get(key, []) if r.trial > clock), key=lambda r: r.trial
+            )
             for _ in range(self.infra_retries + 1):
                 i = used.get(key, 0)
                 rec = known[i] if i < len(known) else await self.run_once(cand, stage)
                 used[key] = i + 1
-                clock = max(clock, rec.trial)
                 if rec.outcome is not Outcome.INFRA:
                     return rec.outcome is Outcome.MATCH
             return False  # unresolved: taken as quiet, which only lengthens the search
 
-        def p() -> float:
-            lo, _ = wilson(*self.crash_rate(clock))
-            return min(max(lo, self.p_floor), 0.95)
-
-        return await bayes_prefix(n, probe, p)
+        k, runs = self.crash_rate(clock)
+        return await bayes_prefix(n, probe, (k, runs - k))
 
     def _decide(self, key: str, value: bool) -> bool:
         self.verdicts[key] = value

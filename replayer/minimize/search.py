@@ -17,6 +17,7 @@ never wrong.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -57,44 +58,96 @@ async def bisect_reduce(items: Sequence[T], pinned: tuple[T, ...], test: Test[T]
     return tuple(sorted(kept, key=order.__getitem__))
 
 
+def _lbeta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+class _Posterior:
+    """P(h* = h | runs) for the shortest crashing prefix h* in 1..n, with the
+    crash rate p integrated out under a Beta(prior) (Beta-binomial marginal).
+
+    Under h* = h, a run of prefix j >= h crashes with probability p and a run
+    of j < h never does. So h's weight is B(a + c_h, b + q_h), c_h and q_h
+    the crashes and quiet runs at j >= h, and zero below any crash. h only
+    enters through which runs it is at most, so the weights are constant
+    between probed lengths: the posterior is a list of segments."""
+
+    def __init__(self, n: int, a: float, b: float, runs: list[tuple[int, bool]]) -> None:
+        top = min((j for j, crashed in runs if crashed), default=n)
+        cuts = sorted({j for j, _ in runs if j < top} | {top})
+        self.segments: list[tuple[int, int, float]] = []  # (lo, hi]: log weight of each h
+        lo = 0
+        for hi in cuts:
+            c = sum(1 for j, crashed in runs if j >= hi and crashed)
+            q = sum(1 for j, crashed in runs if j >= hi and not crashed)
+            self.segments.append((lo, hi, _lbeta(a + c, b + q)))
+            lo = hi
+        m = max(w for _, _, w in self.segments)
+        self.log_z = m + math.log(sum((hi - lo) * math.exp(w - m) for lo, hi, w in self.segments))
+
+    def prob(self, w: float) -> float:
+        return math.exp(w - self.log_z)
+
+    def mode(self) -> tuple[int, float]:
+        lo, hi, w = max(self.segments, key=lambda s: (s[2], -s[0]))
+        return hi if hi - lo == 1 else lo + 1, self.prob(w)
+
+    def quantile(self, f: float) -> int:
+        acc = 0.0
+        for lo, hi, w in self.segments:
+            mass = (hi - lo) * self.prob(w)
+            if acc + mass >= f:
+                return min(hi, lo + max(1, math.ceil((f - acc) / self.prob(w))))
+            acc += mass
+        return self.segments[-1][1]
+
+    def entropy(self) -> float:
+        return -sum((hi - lo) * self.prob(w) * (w - self.log_z) for lo, hi, w in self.segments)
+
+
+def _expected_entropy(
+    n: int, a: float, b: float, runs: list[tuple[int, bool]], j: int, log_z: float
+) -> float:
+    """The posterior's entropy after one more run of prefix j, in expectation
+    (P(crash) is the ratio of the evidence with and without that crash)."""
+    crash = _Posterior(n, a, b, [*runs, (j, True)])
+    quiet = _Posterior(n, a, b, [*runs, (j, False)])
+    pc = math.exp(crash.log_z - log_z)
+    return pc * crash.entropy() + (1.0 - pc) * quiet.entropy()
+
+
 async def bayes_prefix(
     n: int,
     probe: Callable[[int], Awaitable[bool]],
-    p: Callable[[], float],
+    prior: tuple[int, int] = (0, 0),
     *,
-    confidence: float = 0.95,
+    confidence: float = 0.99,
     max_probes: int = 1000,
 ) -> int:
-    """The shortest crashing prefix under a flaky crash (Turner's Bayesian
-    bisection for one-sided noise, MINIMIZE.md §4.1).
+    """The shortest crashing prefix under a flaky crash: Bayesian bisection
+    for one-sided noise (MINIMIZE.md §4.1), with the crash rate unknown.
 
-    A posterior over h* (the minimal prefix length, 1..n; prefix n is known to
-    crash) is kept. ``probe(j)`` runs prefix j once: a crash rules out every
-    h* > j; a quiet run multiplies the weight of every h* <= j by ``1 - p``
-    (it would have crashed with probability p). Each probe goes to the
-    posterior median; the search ends when one length holds ``confidence``
-    of the mass. An under-estimated p costs probes, never accuracy."""
-    w = [0.0] + [1.0] * n
+    ``probe(j)`` runs prefix j once (prefix n is known to crash); ``prior`` is
+    (crashes, quiet runs) already seen of candidates holding the culprits.
+    The posterior over h* pools every run, so crashes of long prefixes sharpen
+    what quiet runs of short ones prove. Each probe goes where the expected
+    entropy of the posterior after it is lowest, among the quartiles, the
+    points just below them and the shortest crashing length (a run there
+    only measures p, which is worth it when p is the doubt). The search ends
+    when one length holds ``confidence`` of the mass; a crash is never
+    overruled, so the answer is never shorter than h*."""
+    a, b = prior[0] + 1.0, prior[1] + 1.0
+    runs: list[tuple[int, bool]] = []
     for _ in range(max_probes):
-        total = sum(w)
-        best = max(range(1, n + 1), key=w.__getitem__)
-        if w[best] / total >= confidence:
+        post = _Posterior(n, a, b, runs)
+        best, mass = post.mode()
+        if mass >= confidence:
             return best
-        # probe where the posterior CDF is nearest 1/2: the median or just below it
-        acc, j, below = 0.0, n, 0.0
-        for h in range(1, n + 1):
-            prev = acc
-            acc += w[h]
-            if acc / total >= 0.5:
-                j, below = h, prev / total
-                break
-        if j > 1 and 0.5 - below < acc / total - 0.5:
-            j -= 1
-        if await probe(j):
-            for h in range(j + 1, n + 1):
-                w[h] = 0.0
-        else:
-            q = 1.0 - p()
-            for h in range(1, j + 1):
-                w[h] *= q
-    return max(range(1, n + 1), key=w.__getitem__)
+        choices = {post.segments[-1][1]}
+        for f in (0.25, 0.5, 0.75):
+            j = post.quantile(f)
+            choices |= {j, max(1, j - 1)}
+
+        j = min(sorted(choices), key=lambda j: _expected_entropy(n, a, b, runs, j, post.log_z))
+        runs.append((j, await probe(j)))
+    return _Posterior(n, a, b, runs).mode()[0]

@@ -118,6 +118,20 @@ async def test_bayesian_prefix_is_exact_and_cheaper_than_repeats_under_a_coin_fl
     assert bayes / 20 <= 6 * math.ceil(math.log2(n))
 
 
+async def test_bayesian_prefix_proves_the_whole_candidate_is_needed(tmp_path):
+    """After the cut, the culprit is often the last request: every shorter
+    prefix must be shown quiet, with no crash ever seen below n."""
+    n, searches = 40, 0
+    for seed in range(20):
+        oracle, runner = make_oracle(tmp_path / "w", {n - 1}, p=0.5, seed=seed)
+        assert await calibrate(oracle, runner, range(n))
+        if oracle.repeats() == 1:
+            continue
+        searches += 1
+        assert await oracle.flaky_prefix(n, prefixes) == n
+    assert searches >= 15
+
+
 async def test_bayesian_prefix_resumes_on_the_same_path(tmp_path):
     j = tmp_path / "j.jsonl"
     first = FakeRunner(frozenset({37}), p=0.5, seed=3)
