@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -29,9 +29,6 @@ from replayer.replay.policy import ReplayPolicy
 from replayer.replay.run import EXIT_UNREACHABLE, RunOutcome, replay_to_dir
 from replayer.target.base import ResetMode, ServerTarget
 from replayer.trace.reader import Trace
-
-if TYPE_CHECKING:
-    from replayer.telemetry import LiveMetrics
 
 
 class _Alive:
@@ -108,8 +105,6 @@ class TrialEnv:
     pidfile: Path | None = None
     """Where a launched server's process group is noted, so a bisect killed
     with SIGKILL can reap its orphaned server when it resumes."""
-    live: LiveMetrics | None = None
-    """Live metrics (``--metrics-port``) every trial's replay reports to."""
 
     async def prepare(self) -> None:
         """Make the target fresh enough for the next trial."""
@@ -174,7 +169,6 @@ class TrialEnv:
             progress=progress,
             watch=self.watch,
             processes={self.name: _Alive(self.target)},
-            live=self.live,
         )
         if run.exit_code == EXIT_UNREACHABLE:
             self.needs_restart = True
