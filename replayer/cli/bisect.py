@@ -144,7 +144,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     import asyncio
 
     from replayer.minimize.pipeline import STAGES, Bisect, BisectOptions, Control, run_bisect
-    from replayer.minimize.trial import Chase, TrialEnv, reap_orphan
+    from replayer.minimize.trial import OWNER_ENV, Chase, TrialEnv, owner_token, reap_orphan
     from replayer.monitor.signature import compile_signature_regex
     from replayer.replay.plan import select
     from replayer.target.base import reset_mode
@@ -193,7 +193,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if not rows:
         raise UsageError("the selection is empty: nothing to bisect")
     model = trace_model(trace, rows, policy.model)
-    target, key = target_from(args, out / "server.log", model)
+    # launched servers carry this bisect's mark so a resume can reap one a kill orphaned
+    owner = {OWNER_ENV: owner_token(out)}
+    target, key = target_from(args, out / "server.log", model, marks=owner)
     env = TrialEnv(
         trace=trace,
         policy=policy,

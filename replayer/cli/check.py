@@ -77,7 +77,12 @@ def add_lifecycle_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def target_from(args: argparse.Namespace, log_path: Path, model: str | None) -> Any:
+def target_from(
+    args: argparse.Namespace,
+    log_path: Path,
+    model: str | None,
+    marks: dict[str, str] | None = None,
+) -> Any:
     import os
 
     from replayer.target.factory import make_target
@@ -100,6 +105,7 @@ def target_from(args: argparse.Namespace, log_path: Path, model: str | None) -> 
         model=model,
         api_key=key,
         ready_timeout=args.ready_timeout,
+        marks=marks,
     )
     return target, key
 

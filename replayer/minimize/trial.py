@@ -13,6 +13,7 @@ A failed trial gets its crash signature from the launch's log
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,15 +226,36 @@ def reap_orphan(pidfile: Path) -> bool:
     import os
     import signal
 
+    reaped = False
     try:
         pid_text, cmd = [*pidfile.read_text().splitlines(), "", ""][:2]
         pid = int(pid_text)
     except (OSError, ValueError):
-        return False
-    if not cmd or _cmdline(pid) != cmd:
-        return False
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+        pid, cmd = 0, ""
+    if cmd and _cmdline(pid) == cmd:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+            reaped = True
+    # A kill between a launch and its pidfile note leaves a server nobody
+    # noted: launched servers carry OWNER_ENV naming this bisect, so find them.
+    mark = f"{OWNER_ENV}={owner_token(pidfile.parent)}".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            pgid = os.getpgid(int(proc.name))
+            if pgid in (os.getpgid(0), 0):
+                continue
+            os.killpg(pgid, signal.SIGKILL)
+            reaped = True
+        except (OSError, ValueError):
+            continue
+    return reaped
+
+
+OWNER_ENV = "REPLAYER_BISECT_OWNER"
+"""Set in the environment of every server a bisect launches (see :func:`reap_orphan`)."""
+
+
+def owner_token(out: Path) -> str:
+    return str(out.resolve())

@@ -131,6 +131,7 @@ class LaunchedTarget(ServerTarget):
         log_path: Path,
         *,
         env: Mapping[str, str] | None = None,
+        marks: Mapping[str, str] | None = None,
         model: str | None = None,
         api_key: str | None = None,
         stop_grace: float = DEFAULT_STOP_GRACE,
@@ -150,6 +151,9 @@ class LaunchedTarget(ServerTarget):
         self.argv, cmd_env = split_command(cmd)
         self.env = {**cmd_env, **(env or {})}
         """Set on top of this process's environment for the child."""
+        self.marks = dict(marks or {})
+        """Environment that tags the child for replayer's own bookkeeping (finding
+        orphans); kept out of the command text, so out of logs and bundles."""
         self.stop_grace = stop_grace
         self.cwd = cwd
         self.launches = 0
@@ -214,7 +218,7 @@ class LaunchedTarget(ServerTarget):
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, **self.env},
+                    env={**os.environ, **self.env, **self.marks},
                     cwd=self.cwd,
                     start_new_session=True,
                 )

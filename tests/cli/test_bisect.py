@@ -118,8 +118,11 @@ def test_killed_bisect_resumes_without_repeating_trials(tmp_path):
     new_trials = [e for e in after if e["event"] == "trial"]
     assert new_trials, "the resumed bisect had work left"
     # trial numbers continue; no candidate decided before the kill runs again
+    # (confirmation re-runs the final candidate on purpose, decided or not)
     assert new_trials[0]["record"]["trial"] == trials_before + 1
-    assert not [e for e in new_trials if e["record"]["key"] in decided]
+    searched = [e for e in new_trials if e["record"]["stage"] != "confirm"]
+    assert not [e for e in searched if e["record"]["key"] in decided]
+    assert [e["record"]["stage"] for e in new_trials][-1] == "confirm"
     m = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
     assert m["prefix_length"] == 17
     t = Trace.open(trace)
