@@ -55,10 +55,16 @@ async def _bisect(trace_path: Path, out: Path, launch: str, opts: Any, timing: s
     trace = Trace.open(trace_path)
     rows = select(trace)
     target = make_target(launch=launch, log_path=out / "server.log", model=MODEL)
-    watch = WatchConfig(health_interval=0.1, scrape_interval=5.0, stall_timeout=10.0,
-                        settle=3.0, grace=0.5)
-    env = TrialEnv(trace=trace, policy=ReplayPolicy(timing=Timing(timing)), target=target,
-                   watch=watch, reset=ResetMode.RESTART)
+    watch = WatchConfig(
+        health_interval=0.1, scrape_interval=5.0, stall_timeout=10.0, settle=3.0, grace=0.5
+    )
+    env = TrialEnv(
+        trace=trace,
+        policy=ReplayPolicy(timing=Timing(timing)),
+        target=target,
+        watch=watch,
+        reset=ResetMode.RESTART,
+    )
     b = Bisect(trace, rows, env, out, opts, say=lambda m: None)
     t0 = time.monotonic()
     res = await run_bisect(b)
@@ -70,11 +76,33 @@ def deterministic(tmp: Path) -> dict[str, Any]:
     from replayer.trace.synth import SynthOptions, write_trace
 
     trace_path = tmp / "det.arrow"
-    write_trace(trace_path, SynthOptions(sessions=100, turns=10, context=30_000, max_tokens=4,
-                                         rate=2.0, think=1.0, model=MODEL, seed=21))
+    write_trace(
+        trace_path,
+        SynthOptions(
+            sessions=100,
+            turns=10,
+            context=30_000,
+            max_tokens=4,
+            rate=2.0,
+            think=1.0,
+            model=MODEL,
+            seed=21,
+        ),
+    )
     fault = "exit after=0.1 when cached_tokens>=20000 and prompt_tokens>=25000"
-    launch = shlex.join([sys.executable, "-m", "replayer.emulator", "--port", str(_port()),
-                         "--speed", "instant", "--fault", fault])
+    launch = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "replayer.emulator",
+            "--port",
+            str(_port()),
+            "--speed",
+            "instant",
+            "--fault",
+            fault,
+        ]
+    )
     opts = BisectOptions(confirm=0)
     b, res, secs, trace = asyncio.run(_bisect(trace_path, tmp / "det", launch, opts, "asap"))
     hist = b.oracle.history()
@@ -115,27 +143,58 @@ def flaky(tmp: Path, runs: int) -> dict[str, Any]:
     from replayer.trace.synth import SynthOptions, write_trace
 
     trace_path = tmp / "flaky.arrow"
-    write_trace(trace_path, SynthOptions(sessions=6, turns=10, context=8_000, max_tokens=4,
-                                         rate=20.0, think=0.0, model=MODEL, seed=22))
+    write_trace(
+        trace_path,
+        SynthOptions(
+            sessions=6,
+            turns=10,
+            context=8_000,
+            max_tokens=4,
+            rate=20.0,
+            think=0.0,
+            model=MODEL,
+            seed=22,
+        ),
+    )
     fault = "exit after=0.1 when request=40 p=0.5"
     exact = 0
     trials = []
     found = []
     for seed in range(runs):
         counter = tmp / f"launches-{seed}"
-        launch = shlex.join([sys.executable, str(LAUNCHER), str(counter), str(seed * 1000),
-                             "--port", str(_port()), "--speed", "instant", "--fault", fault])
-        opts = BisectOptions(stages=("calibrate", "cut", "prefix"), calibrate_matches=5,
-                             calibrate_runs=12, confirm=0)
-        b, res, _, _ = asyncio.run(_bisect(trace_path, tmp / f"flaky-{seed}", launch, opts,
-                                           "asap"))
+        launch = shlex.join(
+            [
+                sys.executable,
+                str(LAUNCHER),
+                str(counter),
+                str(seed * 1000),
+                "--port",
+                str(_port()),
+                "--speed",
+                "instant",
+                "--fault",
+                fault,
+            ]
+        )
+        opts = BisectOptions(
+            stages=("calibrate", "cut", "prefix"), calibrate_matches=5, calibrate_runs=12, confirm=0
+        )
+        b, res, _, _ = asyncio.run(_bisect(trace_path, tmp / f"flaky-{seed}", launch, opts, "asap"))
         found.append(b.prefix_length)
         exact += b.prefix_length == 40
         trials.append(len(b.oracle.history()))
-        print(f"  flaky run {seed + 1}/{runs}: prefix {b.prefix_length} in "
-              f"{trials[-1]} trials", file=sys.stderr, flush=True)
-    return {"runs": runs, "exact": exact, "prefixes": found,
-            "trials_mean": round(statistics.mean(trials), 1), "trials_max": max(trials)}
+        print(
+            f"  flaky run {seed + 1}/{runs}: prefix {b.prefix_length} in {trials[-1]} trials",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {
+        "runs": runs,
+        "exact": exact,
+        "prefixes": found,
+        "trials_mean": round(statistics.mean(trials), 1),
+        "trials_max": max(trials),
+    }
 
 
 def simulated(seeds: int, n: int = 1000) -> dict[str, Any]:
@@ -198,8 +257,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         print(f"| result | {', '.join(det['result'])} (exact: {det['exact']}) |")
         print(f"| trials, total without confirmation | **{det['trials_total']}** (target <= 45) |")
         print(f"| trials by stage | {det['trials_by_stage']} |")
-        print(f"| prefix trials | {det['trials_by_stage'].get('prefix', 0)} (target <= "
-              f"ceil(log2 {det['cut_size']}) + 2 = {det['prefix_bound']}) |")
+        print(
+            f"| prefix trials | {det['trials_by_stage'].get('prefix', 0)} (target <= "
+            f"ceil(log2 {det['cut_size']}) + 2 = {det['prefix_bound']}) |"
+        )
         print(f"| wall time | {det['seconds']} s |")
         fl = flaky(tmp, 5 if opts.quick else 20)
         print("\n| flaky (p = 0.5) crash on the 40th request, prefix stage | value |")
@@ -208,10 +269,13 @@ def main(argv: list[str]) -> dict[str, Any]:
         print(f"| prefixes found | {fl['prefixes']} |")
         print(f"| trials per bisect | mean {fl['trials_mean']}, max {fl['trials_max']} |")
     sim = simulated(100)
-    print("\n| prefix search, fake runner, n = 1,000, 100 seeds | searches | exact | "
-          "trials mean | max |")
+    print(
+        "\n| prefix search, fake runner, n = 1,000, 100 seeds | searches | exact | "
+        "trials mean | max |"
+    )
     print("|---|---|---|---|---|")
     for name, r in sim.items():
-        print(f"| {name} | {r['searches']} | {r['exact']} | {r['trials_mean']} | "
-              f"{r['trials_max']} |")
+        print(
+            f"| {name} | {r['searches']} | {r['exact']} | {r['trials_mean']} | {r['trials_max']} |"
+        )
     return {"deterministic": det, "flaky": fl, "simulated": sim}
