@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test lint bench install clean browser
 
 $(BIN)/python:
 	@if [ -z "$(PYTHON)" ]; then echo "make: Python 3.11+ not found (set PYTHON=...)" >&2; exit 2; fi
@@ -30,7 +30,19 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/replayer demo
 
-test: $(VENV)/.installed-test
+# The report tests render the HTML report in real headless Chromium. Debian's
+# package is installed when it is missing and the machine allows it (root with
+# apt-get); otherwise those tests fail and say how to get a browser.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && [ -z "$${REPLAYER_CHROMIUM:-}" ] \
+		&& [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make test: installing chromium for the report tests" >&2; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		  chromium >/dev/null; } || echo "make test: could not install chromium" >&2; \
+	fi
+
+test: $(VENV)/.installed-test browser
 	$(BIN)/ruff check replayer tests bench
 	@set +e; $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc

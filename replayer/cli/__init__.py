@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "replayer.cli.check",
     "replayer.cli.bisect",
     "replayer.cli.bundle",
+    "replayer.cli.report",
     "replayer.cli.record",
     "replayer.cli.emulate",
     "replayer.cli.demo",

@@ -14,10 +14,12 @@ from typing import Any
 
 from replayer.cli.check import add_lifecycle_arguments, target_from, trace_model
 from replayer.cli.replay import (
+    add_metrics_arguments,
     add_monitor_arguments,
     add_policy_arguments,
     add_selection_arguments,
     policy_from,
+    start_metrics,
     watch_from,
 )
 from replayer.errors import UsageError
@@ -117,6 +119,7 @@ def register(sub: Any) -> None:
     add_policy_arguments(p)
     add_monitor_arguments(p)
     add_selection_arguments(p)
+    add_metrics_arguments(p)
     p.set_defaults(func=cmd_bisect)
 
 
@@ -196,6 +199,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     # launched servers carry this bisect's mark so a resume can reap one a kill orphaned
     owner = {OWNER_ENV: owner_token(out)}
     target, key = target_from(args, out / "server.log", model, marks=owner)
+    live, server = start_metrics(args)
     env = TrialEnv(
         trace=trace,
         policy=policy,
@@ -205,6 +209,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         api_key=key,
         chase=chase,
         pidfile=out / "server.pid",
+        live=live,
     )
     if args.resume and reap_orphan(out / "server.pid"):
         print("bisect: stopped the server a killed bisect left running", file=sys.stderr)
@@ -233,6 +238,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                 reset=reset_mode(args.reset),
                 api_key=key,
                 name=name,
+                live=live,
             ),
         )
     opts = BisectOptions(
@@ -252,6 +258,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "url": target.url,
         }
         b = Bisect(trace, rows, env, out, opts, control=control, facts=facts)
+        if live is not None:
+            live.attach_bisect(b)
         try:
             await env.prepare()
             got = await target.facts()
@@ -260,7 +268,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             facts["facts_error"] = str(exc)[:300]
         return await run_bisect(b)
 
-    res = asyncio.run(go())
+    try:
+        res = asyncio.run(go())
+    finally:
+        if server is not None:
+            server.close()
     if res.status == "not_reproducible":
         return 1
     k, n = res.reproduction

@@ -111,6 +111,9 @@ def register(sub: Any) -> None:
         metavar="S",
         help="progress line on stderr every S seconds (0 = off)",
     )
+    from replayer.cli.replay import add_metrics_arguments
+
+    add_metrics_arguments(p)
     p.set_defaults(func=cmd_record)
 
     t = sub.add_parser("trace", help="operations on trace files (merge)")
@@ -180,6 +183,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
+    from replayer.cli.replay import start_metrics
     from replayer.record.run import say, serve
     from replayer.record.segments import claim
 
@@ -188,9 +192,17 @@ def cmd_record(args: argparse.Namespace) -> int:
     config = config_from(args, path, segment)
     if segment:
         say(f"{args.output} exists: recording to a new segment, {path}")
+    live, server = None, None
     try:
+        live, server = start_metrics(args)
         return asyncio.run(
-            serve(config, port_file=args.port_file, progress=args.progress, segment_of=args.output)
+            serve(
+                config,
+                port_file=args.port_file,
+                progress=args.progress,
+                segment_of=args.output,
+                live=live,
+            )
         )
     except BaseException:
         # nothing recorded (e.g. the port was taken): leave no empty file behind
@@ -198,6 +210,9 @@ def cmd_record(args: argparse.Namespace) -> int:
             if path.stat().st_size == 0:
                 path.unlink()
         raise
+    finally:
+        if server is not None:
+            server.close()
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

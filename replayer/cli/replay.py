@@ -148,6 +148,44 @@ def add_monitor_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
+    """``--metrics-port``: replayer's own live Prometheus metrics (replay, bisect, record)."""
+    g = p.add_argument_group("live metrics (replayer's own, for Prometheus/Grafana)")
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve replayer_* metrics on http://HOST:PORT/metrics while running "
+        "(0: any free port; the URL is printed on stderr)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 for a remote Prometheus)",
+    )
+
+
+def start_metrics(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(LiveMetrics, MetricsServer) when ``--metrics-port`` was given, else (None, None)."""
+    if getattr(args, "metrics_port", None) is None:
+        return None, None
+    from replayer.telemetry import LiveMetrics
+
+    if not 0 <= args.metrics_port < 65536:
+        raise UsageError(f"--metrics-port {args.metrics_port}: want 0..65535")
+    live = LiveMetrics()
+    try:
+        server = live.serve(args.metrics_port, args.metrics_host)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc.strerror}"
+        ) from None
+    print(f"replayer: metrics on {server.url}", file=sys.stderr, flush=True)
+    return live, server
+
+
 def watch_from(args: argparse.Namespace) -> Any:
     from replayer.monitor.watch import WatchConfig
 
@@ -242,6 +280,7 @@ def register(sub: Any) -> None:
     add_policy_arguments(p)
     add_monitor_arguments(p)
     add_selection_arguments(p)
+    add_metrics_arguments(p)
     p.add_argument(
         "--out",
         type=Path,
@@ -358,19 +397,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
     out = prepare_out(args.out, args.force)
     selection = {"limit": args.limit, "sessions": args.sessions, "requests": args.requests}
-    outcome = asyncio.run(
-        replay_to_dir(
-            trace,
-            rows,
-            policy,
-            targets,
-            out,
-            command=sys.argv,
-            selection=selection,
-            progress=not args.quiet,
-            watch=watch,
+    live, server = start_metrics(args)
+    try:
+        outcome = asyncio.run(
+            replay_to_dir(
+                trace,
+                rows,
+                policy,
+                targets,
+                out,
+                command=sys.argv,
+                selection=selection,
+                progress=not args.quiet,
+                watch=watch,
+                live=live,
+            )
         )
-    )
+    finally:
+        if server is not None:
+            server.close()
     if args.json:
         sys.stdout.write(orjson.dumps(outcome.summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif "unreachable" in outcome.summary:
@@ -420,9 +465,17 @@ def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
         ready_timeout=args.ready_timeout,
     )
 
+    live, server = start_metrics(args)
+
     async def go() -> Any:
         env = TrialEnv(
-            trace=trace, policy=policy, target=target, watch=watch, name=name, api_key=key
+            trace=trace,
+            policy=policy,
+            target=target,
+            watch=watch,
+            name=name,
+            api_key=key,
+            live=live,
         )
         try:
             return await env.run(rows, out, progress=not args.quiet, command=sys.argv)
@@ -430,7 +483,11 @@ def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
             if not args.keep_running:
                 await target.stop()
 
-    res = asyncio.run(go())
+    try:
+        res = asyncio.run(go())
+    finally:
+        if server is not None:
+            server.close()
     if res.run is None:
         print(f"replayer replay: the server did not come up: {res.message}", file=sys.stderr)
         return 3

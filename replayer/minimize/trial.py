@@ -17,7 +17,7 @@ import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -30,6 +30,9 @@ from replayer.replay.policy import ReplayPolicy
 from replayer.replay.run import EXIT_UNREACHABLE, RunOutcome, replay_to_dir
 from replayer.target.base import ResetMode, ServerTarget
 from replayer.trace.reader import Trace
+
+if TYPE_CHECKING:
+    from replayer.telemetry import LiveMetrics
 
 
 class _Alive:
@@ -106,6 +109,8 @@ class TrialEnv:
     pidfile: Path | None = None
     """Where a launched server's process group is noted, so a bisect killed
     with SIGKILL can reap its orphaned server when it resumes."""
+    live: LiveMetrics | None = None
+    """Live metrics (``--metrics-port``) every trial's replay reports to."""
 
     async def prepare(self) -> None:
         """Make the target fresh enough for the next trial."""
@@ -170,6 +175,7 @@ class TrialEnv:
             progress=progress,
             watch=self.watch,
             processes={self.name: _Alive(self.target)},
+            live=self.live,
         )
         if run.exit_code == EXIT_UNREACHABLE:
             self.needs_restart = True

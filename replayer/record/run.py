@@ -18,9 +18,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replayer._async import spawn
 from replayer.record.proxy import RecordConfig, RecordingProxy, is_loopback
+
+if TYPE_CHECKING:
+    from replayer.telemetry import LiveMetrics
 
 
 def say(msg: str) -> None:
@@ -73,10 +77,14 @@ async def serve(
     port_file: Path | None = None,
     progress: float = 10.0,
     segment_of: Path | None = None,
+    live: LiveMetrics | None = None,
 ) -> int:
-    """Run the recorder until SIGTERM/SIGINT; the exit code."""
+    """Run the recorder until SIGTERM/SIGINT; the exit code. ``live``
+    (``--metrics-port``) reads the proxy's counters at scrape time."""
     proxy = RecordingProxy(config)
     await proxy.start()
+    if live is not None:
+        live.attach_recorder(proxy)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = [0]

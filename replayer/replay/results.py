@@ -9,6 +9,7 @@ measured. Times are microseconds after the shared anchor T0.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
@@ -102,10 +103,21 @@ SCHEMA = pa.schema(
 
 
 class ResultsWriter:
-    """Appends results as they settle; a batch hits the disk every second."""
+    """Appends results as they settle; a batch hits the disk every second.
 
-    def __init__(self, path: Path, flush_interval: float = 1.0) -> None:
+    ``on_add`` sees every result as it is added: every request of a replay
+    passes here exactly once, so live counters fed from it (``--metrics-port``,
+    :mod:`replayer.telemetry`) agree with the file by construction."""
+
+    def __init__(
+        self,
+        path: Path,
+        flush_interval: float = 1.0,
+        *,
+        on_add: Callable[[Result], None] | None = None,
+    ) -> None:
         self.path = path
+        self.on_add = on_add
         self._sink = pa.OSFile(str(path), "wb")
         self._w = ipc.new_stream(
             self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression="zstd")
@@ -116,6 +128,8 @@ class ResultsWriter:
         self.written = 0
 
     def add(self, r: Result) -> None:
+        if self.on_add is not None:
+            self.on_add(r)
         self._rows.append(r)
         if time.monotonic() - self._last >= self._interval:
             self.flush()

@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -33,6 +33,9 @@ from replayer.replay.results import ResultsWriter
 from replayer.replay.summary import summarize_target
 from replayer.trace.reader import Trace
 from replayer.trace.tokens import TokenSpace
+
+if TYPE_CHECKING:
+    from replayer.telemetry import LiveMetrics
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
 
@@ -94,7 +97,12 @@ async def replay_to_dir(
     progress: bool = True,
     watch: WatchConfig | None = None,
     processes: dict[str, ProcessProbe] | None = None,
+    live: LiveMetrics | None = None,
 ) -> RunOutcome:
+    """Replay ``rows`` of ``trace`` into the run directory ``out``.
+
+    ``live`` (``--metrics-port``) sees every result as it is written and the
+    replay's state while it runs; without it no metrics code runs."""
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     if policy.token_range is not None:
@@ -103,7 +111,7 @@ async def replay_to_dir(
         )
     plan = build_plan(trace, rows, policy)
     os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
-    writer = ResultsWriter(out / "results.arrow")
+    writer = ResultsWriter(out / "results.arrow", on_add=live.observe if live else None)
     prog = Progress(sys.stderr, len(rows)) if progress else None
     replay = Replay(
         trace,
@@ -149,9 +157,13 @@ async def replay_to_dir(
         }
         _check_models(trace, rows, policy, replay)
         _write_json(out / "run.json", run_info)
+        if live is not None:
+            live.attach(replay)
         await replay.run()
     finally:
         writer.close()
+        if live is not None:
+            live.detach(replay)
         if not hashing.done():
             await hashing
     run_info["trace"]["sha256"] = hashing.result()
