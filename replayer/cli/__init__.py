@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "replayer.cli.report",
     "replayer.cli.record",
     "replayer.cli.emulate",
+    "replayer.cli.serve",
     "replayer.cli.demo",
 )
 

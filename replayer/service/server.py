@@ -1,0 +1,87 @@
+"""Running the service: bind, announce, wait for SIGTERM/SIGINT, stop cleanly.
+
+One serve per data directory (an exclusive ``flock`` on ``DIR/.serve.lock``).
+On a stop signal the listener closes, running workers are asked to stop
+(their jobs stay ``running`` on disk and resume at the next start, see
+:mod:`replayer.service.scheduler`), and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from replayer.service.app import ServeConfig, Service
+
+
+def _lock_data(data: Path) -> int | None:
+    """An exclusive lock on DIR for this process's lifetime: a second serve on
+    the same DIR would take the first one's running jobs for a dead serve's
+    and stop them. None if another serve holds it."""
+    fd = os.open(data / ".serve.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd  # kept open (and locked) until the process exits
+
+
+async def serve(
+    cfg: ServeConfig,
+    host: str,
+    port: int,
+    *,
+    port_file: Path | None = None,
+    source: str = "",
+) -> int:
+    lock = _lock_data(cfg.data)
+    if lock is None:
+        print(
+            f"replayer serve: error: another replayer serve is using {cfg.data}",
+            file=sys.stderr,
+        )
+        return 2
+    svc = Service(cfg)
+    runner = web.AppRunner(svc.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        print(
+            f"replayer serve: error: cannot listen on {host}:{port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 2
+    bound = port
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        bound = int(server.sockets[0].getsockname()[1])
+    if port_file is not None:
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(f"{bound}\n")
+        os.replace(tmp, port_file)
+    print(
+        f"replayer serve: listening on http://{host}:{bound} (data {cfg.data}; "
+        f"{len(cfg.targets.by_name)} target(s); token {source})",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        print("replayer serve: stopping", file=sys.stderr, flush=True)
+        await runner.cleanup()
+    return 0

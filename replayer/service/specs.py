@@ -1,0 +1,373 @@
+"""From a job request (JSON) to the exact ``replayer`` argv that runs it.
+
+A job takes "the same options as the CLI": ``options`` is an object of option
+names (``"max-inflight"`` or ``"max_inflight"``) to values, mapped onto the
+real subcommand parser (``replayer replay``, ``bisect``, ``bundle verify``,
+built from the CLI's own ``register`` functions), so defaults and validation
+are the CLI's, and a job runs exactly what ``replayer`` would. Values become
+``--option=value`` tokens (never a bare token, so no value can become an
+option or a positional); flags take ``true``/``false``; repeatable options a
+list. Argparse's prefix matching is off: only exact option names count.
+
+What a request may never carry, anywhere in the body: launch commands
+(``launch``, ``restart_cmd``, ``log_cmd``, ``control_launch``): they come
+only from ``targets.toml`` (:mod:`replayer.service.config`). Options the
+server owns are refused too: output locations and resuming (``out``,
+``resume``, ``force``), URLs and keys (``target``, ``url``, ``control``,
+``scrape``, ``api-key-*``, ``target-key``: a job names configured targets),
+paths outside the request's confined fields (``from-run``), the live
+metrics endpoint (``metrics-port``/``-host``: the scheduler gives each job a
+loopback port), and terminal niceties (``json``, ``quiet``, ``keep-running``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from replayer.errors import ReplayerError, UsageError
+from replayer.service.config import TargetConfig, Targets
+
+KINDS = ("replay", "bisect", "verify")
+LAUNCH_KEYS = frozenset({"launch", "restart_cmd", "log_cmd", "control_launch"})
+SERVER_OWNED = frozenset(
+    {
+        "out",
+        "resume",
+        "force",
+        "json",
+        "quiet",
+        "keep_running",
+        "target",
+        "url",
+        "control",
+        "scrape",
+        "api_key_env",
+        "api_key_file",
+        "target_key",
+        "from_run",
+        "help",
+        "metrics_port",
+        "metrics_host",
+        "trace",
+        "bundle",
+    }
+)
+TOP_LEVEL = frozenset({"kind", "trace", "bundle", "job", "target", "targets", "control"})
+TOP_LEVEL |= {"options", "label"}
+
+
+class SpecError(ValueError):
+    """A job request the service refuses (a 400, nothing created)."""
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting: a bad option is a 400."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SpecError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise SpecError((message or "invalid options").strip())
+
+
+def _norm(key: str) -> str:
+    return key.strip().lower().replace("-", "_")
+
+
+def launch_keys_in(obj: object, path: str = "") -> Iterator[str]:
+    """Where ``obj`` (a parsed JSON body) carries a launch-command key, at any depth."""
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            here = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and _norm(k).lstrip("_") in LAUNCH_KEYS:
+                yield here
+            yield from launch_keys_in(v, here)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from launch_keys_in(v, f"{path}[{i}]")
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand's parser, and its options by normalized name."""
+
+    prefix: tuple[str, ...]
+    root: argparse.ArgumentParser
+    options: dict[str, argparse.Action]
+
+    def parse(self, argv: list[str]) -> argparse.Namespace:
+        return self.root.parse_args([*self.prefix, *argv])
+
+
+def _command(kind: str) -> Command:
+    module = {"replay": "replayer.cli.replay", "bisect": "replayer.cli.bisect"}.get(
+        kind, "replayer.cli.bundle"
+    )
+    root = _RaisingParser(prog="replayer", add_help=False, allow_abbrev=False)
+    sub = root.add_subparsers(dest="command", parser_class=_RaisingParser)
+    importlib.import_module(module).register(sub)
+    prefix: tuple[str, ...] = (kind,) if kind != "verify" else ("bundle", "verify")
+    parser: argparse.ArgumentParser = sub.choices[prefix[0]]
+    if kind == "verify":
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = verbs.choices["verify"]
+    for p in (root, sub.choices[prefix[0]], parser):
+        p.allow_abbrev = False
+    options: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        for opt in action.option_strings:
+            if opt.startswith("--"):
+                options[_norm(opt[2:])] = action
+    return Command(prefix, root, options)
+
+
+_COMMANDS: dict[str, Command] = {}
+
+
+def command(kind: str) -> Command:
+    if kind not in _COMMANDS:
+        _COMMANDS[kind] = _command(kind)
+    return _COMMANDS[kind]
+
+
+def option_argv(kind: str, options: object) -> list[str]:
+    """``options`` (a JSON object) as ``--name=value`` tokens for ``kind``."""
+    if options is None:
+        return []
+    if not isinstance(options, Mapping):
+        raise SpecError("options: want an object of option names to values")
+    cmd = command(kind)
+    out: list[str] = []
+    for key, value in options.items():
+        name = _norm(str(key))
+        if name in LAUNCH_KEYS:
+            raise SpecError(
+                f"options.{key}: launch commands come only from the server's targets.toml"
+            )
+        if name in SERVER_OWNED:
+            raise SpecError(f"options.{key}: set by the server (or by naming a target), not a job")
+        action = cmd.options.get(name)
+        if action is None:
+            raise SpecError(f"options.{key}: not an option of replayer {' '.join(cmd.prefix)}")
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        if value is None:
+            continue
+        if action.nargs == 0:
+            if not isinstance(value, bool):
+                raise SpecError(f"options.{key}: a flag, want true or false")
+            if value:
+                out.append(flag)
+            continue
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and not isinstance(action, argparse._AppendAction):
+            raise SpecError(f"options.{key}: takes one value, not a list")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, str | int | float):
+                raise SpecError(f"options.{key}: want a string or a number")
+            text = str(v)
+            if "\n" in text or "\x00" in text:
+                raise SpecError(f"options.{key}: newlines and NULs are not allowed")
+            out.append(f"{flag}={text}")
+    return out
+
+
+def _lifecycle_argv(t: TargetConfig) -> list[str]:
+    """The CLI's lifecycle options (check/bisect/verify) for a configured target."""
+    out: list[str] = []
+    if t.launch is not None:
+        out.append(f"--launch={t.launch}")
+    if t.restart_cmd is not None:
+        out.append(f"--restart-cmd={t.restart_cmd}")
+    if t.url is not None:
+        out.append(f"--url={t.url}")
+    if t.log_cmd is not None:
+        out.append(f"--log-cmd={t.log_cmd}")
+    if t.api_key_env is not None:
+        out.append(f"--api-key-env={t.api_key_env}")
+    if t.ready_timeout is not None:
+        out.append(f"--ready-timeout={t.ready_timeout:g}")
+    if t.reset is not None:
+        out.append(f"--reset={t.reset}")
+    out += [f"--scrape={u}" for u in t.scrape]
+    return out
+
+
+def _replay_targets_argv(targets: list[TargetConfig]) -> list[str]:
+    launched = [t for t in targets if t.launch is not None]
+    if launched and len(targets) > 1:
+        raise SpecError(
+            f"target {launched[0].name} is launched: a replay launches one server, alone"
+        )
+    out: list[str] = []
+    if launched:
+        t = launched[0]
+        out.append(f"--launch={t.launch}")
+        if t.url is not None:
+            out.append(f"--target={t.name}={t.url}")
+        if t.api_key_env is not None:
+            out.append(f"--api-key-env={t.api_key_env}")
+        if t.ready_timeout is not None:
+            out.append(f"--ready-timeout={t.ready_timeout:g}")
+    else:
+        for t in targets:
+            out.append(f"--target={t.name}={t.url}")
+            if t.api_key_env is not None:
+                out.append(f"--target-key={t.name}=env:{t.api_key_env}")
+    for t in targets:
+        out += [f"--scrape={u}" for u in t.scrape]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """A validated job: what it is, what it uses, and the argv that runs it."""
+
+    kind: str
+    argv: list[str]
+    """Everything after ``replayer`` (the subcommand first, ``--out`` last)."""
+    targets: tuple[str, ...]
+    """Configured targets it holds while running (no two jobs share one)."""
+    inputs: dict[str, str]
+    """The confined input paths, relative to DIR (for the listing)."""
+    options: dict[str, Any]
+
+
+def _names(value: object, what: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        if len(set(value)) != len(value):
+            raise SpecError(f"{what}: a target is named twice")
+        return list(value)
+    raise SpecError(f"{what}: want a target name or a list of names")
+
+
+def plan_job(
+    body: object,
+    targets: Targets,
+    resolve_input: Callable[[str, str], tuple[Path, str]],
+    out: Path,
+) -> JobPlan:
+    """Validate a job request and build its argv.
+
+    ``resolve_input(field, value)`` confines a path field (or a job id, for
+    ``job``) and returns ``(absolute path, relative path)``; it raises
+    :class:`~replayer.service.paths.PathRejected` (a 400) for anything else.
+    Nothing is written here."""
+    if not isinstance(body, Mapping):
+        raise SpecError("want a JSON object")
+    found = list(launch_keys_in(body))
+    if found:
+        raise SpecError(
+            f"{found[0]}: launch commands come only from the server's targets.toml; "
+            "name a configured target instead"
+        )
+    unknown = set(body) - TOP_LEVEL
+    if unknown:
+        raise SpecError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    kind = body.get("kind")
+    if kind not in KINDS:
+        raise SpecError(f"kind: one of {', '.join(KINDS)}")
+    opts = body.get("options") or {}
+    label = body.get("label")
+    if label is not None and (not isinstance(label, str) or len(label) > 200):
+        raise SpecError("label: want a string of at most 200 characters")
+    try:
+        argv, used, inputs = _plan(kind, body, targets, resolve_input)
+        argv += option_argv(kind, opts)
+        argv.append(f"--out={out}")
+        args = command(kind).parse(argv)
+        _semantic_checks(kind, args)
+    except ReplayerError as exc:
+        raise SpecError(str(exc)) from None
+    return JobPlan(kind, [*command(kind).prefix, *argv], tuple(used), inputs, dict(opts))
+
+
+def _plan(
+    kind: str,
+    body: Mapping[str, Any],
+    targets: Targets,
+    resolve_input: Callable[[str, str], tuple[Path, str]],
+) -> tuple[list[str], list[str], dict[str, str]]:
+    inputs: dict[str, str] = {}
+    if kind == "verify":
+        if ("bundle" in body) == ("job" in body):
+            raise SpecError("verify: give either bundle (a path inside DIR) or job (a bisect job)")
+        fld = "bundle" if "bundle" in body else "job"
+        path, rel = resolve_input(fld, body[fld])
+        inputs["bundle"] = rel
+        positional = str(path)
+    else:
+        if "trace" not in body:
+            raise SpecError("trace: required (a path inside DIR, e.g. traces/NAME)")
+        path, rel = resolve_input("trace", body["trace"])
+        inputs["trace"] = rel
+        positional = str(path)
+    if kind == "replay":
+        if "target" in body or "control" in body:
+            raise SpecError("replay: name targets with targets (a list)")
+        names = _names(body.get("targets"), "targets")
+        confs = [targets.get(n) for n in names]
+        return [positional, *_replay_targets_argv(confs)], names, inputs
+    if "targets" in body:
+        raise SpecError(f"{kind}: name one target with target")
+    t = targets.get(body.get("target"))
+    if not t.restartable:
+        raise SpecError(
+            f"target {t.name} has no launch or restart_cmd in targets.toml: a {kind} restarts "
+            "the server after every crash"
+        )
+    argv = [positional, *_lifecycle_argv(t)]
+    used = [t.name]
+    if kind == "bisect" and body.get("control") is not None:
+        c = targets.get(body["control"], "control")
+        if c.name == t.name:
+            raise SpecError("control: must be another target than target")
+        used.append(c.name)
+        argv.append(f"--control-launch={c.launch}" if c.launch else f"--control={c.name}={c.url}")
+    elif body.get("control") is not None:
+        raise SpecError(f"{kind}: control is for bisect jobs")
+    return argv, used, inputs
+
+
+def _semantic_checks(kind: str, args: argparse.Namespace) -> None:
+    """The CLI's own checks that need no file or server, run before queueing
+    (the worker runs the real command, which checks everything again)."""
+    from replayer.cli.replay import policy_from, watch_from
+
+    if kind in ("replay", "bisect"):
+        policy_from(args)
+    watch = watch_from(args)
+    if kind != "replay" and watch is None:
+        raise UsageError(f"{kind} classifies every run: it needs the monitor (no-monitor)")
+    if kind == "bisect":
+        from replayer.minimize.pipeline import STAGES
+        from replayer.monitor.signature import compile_signature_regex
+
+        stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+        bad = [s for s in stages if s not in STAGES]
+        if bad:
+            raise UsageError(f"unknown stage(s) {', '.join(bad)}; stages are {', '.join(STAGES)}")
+        if args.calibrate < 1 or args.calibrate_runs < 1 or args.confirm < 0:
+            raise UsageError("calibrate and calibrate-runs must be >= 1, confirm >= 0")
+        if not 0 < args.alpha < 1:
+            raise UsageError("alpha must be between 0 and 1")
+        if args.signature:
+            compile_signature_regex(args.signature)
+    if kind == "verify" and args.runs < 1:
+        raise UsageError("runs must be at least 1")
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The argv as shown through the API: commands from targets.toml hidden."""
+    out = []
+    for tok in argv:
+        m = re.match(r"^(--(?:launch|restart-cmd|log-cmd|control-launch))=", tok)
+        out.append(f"{m.group(1)}=<from targets.toml>" if m else tok)
+    return out
