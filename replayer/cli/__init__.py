@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -55,9 +57,25 @@ def build_parser() -> Parser:
     return parser
 
 
+INTERRUPTIBLE = frozenset({"replay", "check", "bisect", "bundle", "soak", "sweep", "demo"})
+"""Commands that run servers and trials: SIGTERM stops them as Ctrl-C does."""
+
+
+def _term_as_interrupt(signum: int, frame: object) -> None:
+    signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (
+        args.command in INTERRUPTIBLE
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        # asyncio.run cancels the main task on SIGINT: launched servers are
+        # stopped and results, summary and journal written, as on Ctrl-C
+        signal.signal(signal.SIGTERM, _term_as_interrupt)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="replayer: %(levelname)s: %(message)s",

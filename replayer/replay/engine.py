@@ -96,6 +96,8 @@ class TargetRun:
     watch: TargetWatch | None = None
     report: FailureReport | None = None
     aborting: bool = False
+    interrupted: bool = False
+    """The replay itself was interrupted (Ctrl-C, SIGTERM), not the target."""
     # live mode: per session, (position in context, recorded reply replaced by live JSON)
     live_subs: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     context_len: dict[int, int] = field(default_factory=dict)
@@ -113,9 +115,13 @@ class TargetRun:
         if stop:
             self.stopped.set()
 
-    def abort_inflight(self) -> None:
-        """Cancel every request on the wire (a hung target never answers)."""
+    def abort_inflight(self, *, interrupted: bool = False) -> None:
+        """Cancel every request on the wire (a hung target never answers; an
+        interrupted replay does not wait for answers)."""
         self.aborting = True
+        if interrupted:
+            self.interrupted = True
+            self.stopped.set()
         for t in list(self.tasks):
             t.cancel()
 
@@ -260,6 +266,12 @@ class Replay:
                             self._dispatch_sessions(run), name=f"dispatch-{run.target.name}"
                         )
         finally:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                # interrupted (Ctrl-C, SIGTERM, a cancelled job): do not wait for
+                # requests that may never answer (a hang); record them as cut short
+                for run in self.runs.values():
+                    run.abort_inflight(interrupted=True)
             for run in self.runs.values():
                 if run.tasks:
                     await asyncio.gather(*run.tasks, return_exceptions=True)
@@ -304,10 +316,11 @@ class Replay:
         if w is None:
             return
         try:
-            if run.failure is None:
+            if run.failure is None and not run.interrupted:
                 await w.grace_period()
             if run.failure is not None:
-                await w.settle()
+                if not run.interrupted:
+                    await w.settle()
                 f = run.failure
                 first = next((r for r in run.results if r.seq is not None and r.seq == f.seq), None)
                 at_us = f.at_us
@@ -508,10 +521,13 @@ class Replay:
         except asyncio.CancelledError:
             if not run.aborting:
                 raise
-            # aborted by the hang watchdog: the request never finished
             r.status = Status.TIMEOUT
-            r.error_class = "hang"
-            r.error = "aborted: the target stopped making progress"
+            if run.interrupted:
+                r.error_class = "interrupted"
+                r.error = "the replay was interrupted before the response finished"
+            else:  # aborted by the hang watchdog: the request never finished
+                r.error_class = "hang"
+                r.error = "aborted: the target stopped making progress"
             r.done_us = round((loop.time() - self.t0) * 1e6)
             if sent is not None and not sent.done():
                 sent.set_result(None)
@@ -532,7 +548,7 @@ class Replay:
         self.writer.add(r)
         done = (r.done_us or 0) / 1e6
         run.complete(i, done)
-        if client.is_target_failure(r):
+        if client.is_target_failure(r) and not run.interrupted:
             run.fail(
                 Failure(
                     kind=r.error_class or r.status.value,

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from replayer.telemetry import LiveMetrics
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
+EXIT_INTERRUPTED = 130
 
 
 @dataclass
@@ -110,6 +111,7 @@ async def replay_to_dir(
             TokenSpace(policy.token_range[0], policy.token_range[1], trace.tokens.salt)
         )
     plan = build_plan(trace, rows, policy)
+    interrupted = False
     os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
     writer = ResultsWriter(out / "results.arrow", on_add=live.observe if live else None)
     prog = Progress(sys.stderr, len(rows)) if progress else None
@@ -159,7 +161,10 @@ async def replay_to_dir(
         _write_json(out / "run.json", run_info)
         if live is not None:
             live.attach(replay)
-        await replay.run()
+        try:
+            await replay.run()
+        except asyncio.CancelledError:
+            interrupted = True  # Ctrl-C or SIGTERM: write what was measured, then stop
     finally:
         writer.close()
         if live is not None:
@@ -175,8 +180,12 @@ async def replay_to_dir(
     }
     failed = any(t["failed"] for t in targets_summary.values())
     code = EXIT_FAILED if failed else EXIT_OK
-    summary = {"exit_code": code, "targets": targets_summary}
+    summary = {"exit_code": EXIT_INTERRUPTED if interrupted else code, "targets": targets_summary}
+    if interrupted:
+        summary["interrupted"] = True
     _write_json(out / "summary.json", summary)
+    if interrupted:
+        raise asyncio.CancelledError
     return RunOutcome(code, summary, out, replay)
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import orjson
+import pytest
 
 from replayer.replay.results import read_results
 
@@ -164,3 +167,38 @@ def test_api_key_from_env_never_lands_in_the_run(emulator_factory, tmp_path):
     )
     assert bad.returncode == 3  # the models listing is refused: nothing could be sent
     assert "answered 401" in bad.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_during_a_hang_stops_at_once_and_keeps_every_result(
+    emulator_factory, tmp_path, sig
+):
+    # a hung engine never answers: Ctrl-C (or SIGTERM) must not wait for it, nor
+    # for the generous request timeout, and every request still gets its row
+
+    emu = emulator_factory(["--speed", "instant", "--fault", "hang when request=3"])
+    cmd = [sys.executable, "-m", "replayer", "replay", str(SAMPLE), "--target", emu.url]
+    cmd += ["--timing", "asap", "--out", str(tmp_path / "r"), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(emu.read_request_log()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the server's log: the condition, not a delay
+        assert len(emu.read_request_log()) >= 3, "the hang was never reached"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "replayer replay: interrupted"
+    summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
+    assert summary["interrupted"] is True and summary["exit_code"] == 130
+    assert summary["targets"]["target"]["failed"] is False  # the interrupt is not the target's
+    rows = read_results(tmp_path / "r" / "results.arrow")
+    assert len(rows) == 80
+    cut = [r for r in rows if r["error_class"] == "interrupted" and r["seq"] is not None]
+    assert cut and all(r["status"] == "timeout" for r in cut)
+    unsent = [r for r in rows if r["seq"] is None]
+    assert unsent and all(
+        (r["status"], r["error_class"]) == ("not_sent_after_crash", "interrupted") for r in unsent
+    )
