@@ -19,6 +19,7 @@ from replayer.cli.replay import (
     add_policy_arguments,
     add_selection_arguments,
     policy_from,
+    read_key,
     start_metrics,
     watch_from,
 )
@@ -115,6 +116,12 @@ def register(sub: Any) -> None:
     )
     g.add_argument(
         "--control-launch", default=None, metavar="CMD", help="start the control server with CMD"
+    )
+    g.add_argument(
+        "--control-key",
+        default=None,
+        metavar="env:VAR|file:PATH",
+        help="the control's API key (default: the target's)",
     )
     add_policy_arguments(p)
     add_monitor_arguments(p)
@@ -214,18 +221,21 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.resume and reap_orphan(out / "server.pid"):
         print("bisect: stopped the server a killed bisect left running", file=sys.stderr)
     control = None
+    if args.control_key and not (args.control or args.control_launch):
+        raise UsageError("--control-key needs --control or --control-launch")
     if args.control or args.control_launch:
         name, url = "control", None
         if args.control:
             name, sep, url = args.control.partition("=")
             if not sep:
                 name, url = "control", args.control
+        ctl_key = read_key(args.control_key, "--control-key") if args.control_key else key
         ctl_target = make_target(
             launch=args.control_launch,
             url=url,
             log_path=out / "control-server.log",
             model=model,
-            api_key=key,
+            api_key=ctl_key,
             ready_timeout=args.ready_timeout,
         )
         control = Control(
@@ -236,7 +246,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                 target=ctl_target,
                 watch=watch,
                 reset=reset_mode(args.reset),
-                api_key=key,
+                api_key=ctl_key,
                 name=name,
                 live=live,
             ),

@@ -324,7 +324,8 @@ def policy_from(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def _read_key(spec: str, what: str) -> str:
+def read_key(spec: str, what: str) -> str:
+    """A key from ``env:VAR`` or ``file:PATH``: keys never travel in argv."""
     kind, _, ref = spec.partition(":")
     if kind == "env":
         val = os.environ.get(ref)
@@ -342,9 +343,9 @@ def _read_key(spec: str, what: str) -> str:
 def default_api_key(args: argparse.Namespace) -> str | None:
     """The key for every target: --api-key-file, --api-key-env, or $REPLAYER_API_KEY."""
     if args.api_key_file is not None:
-        return _read_key(f"file:{args.api_key_file}", "--api-key-file")
+        return read_key(f"file:{args.api_key_file}", "--api-key-file")
     if args.api_key_env:
-        return _read_key(f"env:{args.api_key_env}", "--api-key-env")
+        return read_key(f"env:{args.api_key_env}", "--api-key-env")
     if os.environ.get("REPLAYER_API_KEY"):
         return os.environ["REPLAYER_API_KEY"].strip()
     return None
@@ -361,7 +362,7 @@ def targets_from(args: argparse.Namespace) -> list[Any]:
         name, sep, ref = spec.partition("=")
         if not sep:
             raise UsageError(f"--target-key wants NAME=env:VAR|file:PATH, not {spec!r}")
-        keys[name] = _read_key(ref, f"--target-key {name}")
+        keys[name] = read_key(ref, f"--target-key {name}")
     out: list[Target] = []
     for spec in args.target:
         name, sep, url = spec.partition("=")

@@ -14,7 +14,7 @@ What a request may never carry, anywhere in the body: launch commands
 only from ``targets.toml`` (:mod:`replayer.service.config`). Options the
 server owns are refused too: output locations and resuming (``out``,
 ``resume``, ``force``), URLs and keys (``target``, ``url``, ``control``,
-``scrape``, ``api-key-*``, ``target-key``: a job names configured targets),
+``scrape``, ``api-key-*``, ``target-key``, ``control-key``: a job names configured targets),
 paths outside the request's confined fields (``from-run``), the live
 metrics endpoint (``metrics-port``/``-host``: the scheduler gives each job a
 loopback port), and terminal niceties (``json``, ``quiet``, ``keep-running``).
@@ -50,6 +50,7 @@ SERVER_OWNED = frozenset(
         "api_key_env",
         "api_key_file",
         "target_key",
+        "control_key",
         "from_run",
         "help",
         "metrics_port",
@@ -331,6 +332,8 @@ def _plan(
             raise SpecError("control: must be another target than target")
         used.append(c.name)
         argv.append(f"--control-launch={c.launch}" if c.launch else f"--control={c.name}={c.url}")
+        if c.api_key_env is not None:
+            argv.append(f"--control-key=env:{c.api_key_env}")
     elif body.get("control") is not None:
         raise SpecError(f"{kind}: control is for bisect jobs")
     return argv, used, inputs

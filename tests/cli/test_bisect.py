@@ -4,6 +4,7 @@ and ends with the same answer; ``bundle verify`` reports the bundle's rate."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import time
 import orjson
 import pytest
 
+from replayer.replay.results import read_results
 from replayer.trace import Trace
 from replayer.trace.synth import SynthOptions, write_trace
 
@@ -71,6 +73,9 @@ def test_killed_bisect_resumes_without_repeating_trials(tmp_path):
     )
     out = tmp_path / "b"
     port = free_port()
+    # the control platform runs clean and wants its own key
+    ctl = emulator(free_port()) + " --api-key sk-control-7"
+    control = ["--control-launch", ctl, "--control-key", "env:CTL_KEY"]
     cmd = [
         sys.executable,
         "-m",
@@ -81,13 +86,17 @@ def test_killed_bisect_resumes_without_repeating_trials(tmp_path):
         str(out),
         "--launch",
         emulator(port, "exit after=0.2 when request=17"),
+        *control,
         "--confirm",
         "1",
         "--stages",
         "calibrate,cut,prefix,sessions",
         *FAST,
     ]
-    with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    env = {**os.environ, "CTL_KEY": "sk-control-7"}
+    with subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    ) as proc:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
             if sum(e["event"] == "trial" for e in journal(out / "journal.jsonl")) >= 6:
@@ -107,11 +116,13 @@ def test_killed_bisect_resumes_without_repeating_trials(tmp_path):
         "--resume",
         "--launch",
         emulator(port, "exit after=0.2 when request=17"),
+        *control,
         "--confirm",
         "1",
         "--stages",
         "calibrate,cut,prefix,sessions",
         *FAST,
+        env={"CTL_KEY": "sk-control-7"},
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     after = journal(out / "journal.jsonl")[len(before) :]
@@ -125,6 +136,9 @@ def test_killed_bisect_resumes_without_repeating_trials(tmp_path):
     assert [e["record"]["stage"] for e in new_trials][-1] == "confirm"
     m = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
     assert m["prefix_length"] == 17
+    assert (m["control"]["runs"], m["control"]["crashes"]) == (1, 0)
+    ctl_rows = read_results(out / "control" / "001" / "results.arrow")
+    assert len(ctl_rows) == 17 and {r["status"] for r in ctl_rows} == {"ok"}  # the key worked
     t = Trace.open(trace)
     assert m["requests"] == [t.column("request_id")[r] for r in t.order[:17]]
     # neither the orphan of the killed run nor the resumed run's server is left

@@ -63,7 +63,7 @@ def test_plan_job_builds_the_command(tmp_path):
     toml.write_text(
         '[targets.mi355]\nurl = "http://n:8000"\nrestart_cmd = "ssh n docker restart vllm"\n'
         'log_cmd = "ssh n docker logs vllm"\napi_key_env = "K"\nreset = "prefix-cache"\n'
-        '[targets.b300]\nurl = "http://b:8000"\n'
+        '[targets.b300]\nurl = "http://b:8000"\napi_key_env = "KB"\n'
     )
     targets = load_targets(toml)
     trace = tmp_path / "t.arrow"
@@ -79,7 +79,8 @@ def test_plan_job_builds_the_command(tmp_path):
     assert plan.argv == [
         "bisect", str(trace), "--restart-cmd=ssh n docker restart vllm", "--url=http://n:8000",
         "--log-cmd=ssh n docker logs vllm", "--api-key-env=K", "--reset=prefix-cache",
-        "--control=b300=http://b:8000", "--confirm=3", f"--out={tmp_path / 'out'}",
+        "--control=b300=http://b:8000", "--control-key=env:KB", "--confirm=3",
+        f"--out={tmp_path / 'out'}",
     ]  # fmt: skip
     assert plan.targets == ("mi355", "b300")
     assert redact_argv(plan.argv)[2] == "--restart-cmd=<from targets.toml>"
