@@ -97,6 +97,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     raw = await request.read()
     xrid = request.headers.get("X-Request-Id")
     fields: dict[str, Any] = {"seq": rt.next_seq(), "request_id": xrid, "path": request.path}
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    fields["peer_port"] = peer[1] if peer else None  # which client connection (reuse)
     if cfg.log_bodies:
         fields.update(_body_fields(raw))
     try:

@@ -27,6 +27,7 @@ import pyarrow.ipc as ipc
 from prometheus_client.parser import text_string_to_metric_families
 
 from replayer._async import wait_event
+from replayer.replay.client import IDLE_CLOSE_S
 
 log = logging.getLogger("replayer.monitor")
 
@@ -139,7 +140,9 @@ class MetricsScraper:
                     log.warning("metrics from %s did not parse: %s", url, exc)
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
+        # scrapes every ~5 s would meet vLLM's 5 s idle close head on (see IDLE_CLOSE_S)
+        conn = aiohttp.TCPConnector(limit=4, keepalive_timeout=IDLE_CLOSE_S)
+        async with aiohttp.ClientSession(connector=conn) as session:
             while not stop.is_set():
                 await self.scrape_once(session)
                 await wait_event(stop, self.interval)

@@ -18,6 +18,18 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from replayer.replay.results import Result, Status
 from replayer.replay.sse import SSEDecoder, StreamStats
 
+IDLE_CLOSE_S = 2.0
+"""Idle pooled connections are closed after this many seconds.
+
+vLLM (uvicorn) closes an idle keep-alive connection after 5 s
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``). A client that keeps idle connections
+longer (aiohttp's default is 15 s) can write a request on a connection the
+server is closing at that moment: the POST fails before any response byte,
+is not retried (it is not idempotent), and a healthy server is reported as
+crashed. Measured in bench/replay.py: a client busy building 0.5 MB bodies
+hit it on the kv-cache-tester corpus. Closing well before the server does
+leaves a 3 s margin for the event loop to be busy."""
+
 
 @dataclass(frozen=True)
 class Target:

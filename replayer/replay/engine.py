@@ -219,7 +219,11 @@ class Replay:
         loop = asyncio.get_running_loop()
         n = len(self.plan)
         for t in self.targets:
-            conn = aiohttp.TCPConnector(limit=self.policy.max_inflight or 0, limit_per_host=0)
+            conn = aiohttp.TCPConnector(
+                limit=self.policy.max_inflight or 0,
+                limit_per_host=0,
+                keepalive_timeout=client.IDLE_CLOSE_S,
+            )
             session = aiohttp.ClientSession(
                 connector=conn,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),

@@ -152,6 +152,37 @@ async def test_recorded_timing_waits_for_the_previous_turn_plus_think_gap(
     assert 0 <= t1["dispatched_us"] - t1["scheduled_us"] < 50_000
 
 
+async def test_idle_connections_are_dropped_before_the_server_drops_them(
+    emulator_factory, tmp_path
+):
+    # vLLM closes a keep-alive connection idle for 5 s; a request written on a
+    # connection the server is closing fails as if the server had crashed. So
+    # the replayer reuses a connection after a short gap and never after a
+    # gap longer than IDLE_CLOSE_S.
+    from replayer.replay.client import IDLE_CLOSE_S
+
+    gap_us = round((IDLE_CLOSE_S + 0.4) * 1e6)
+    p = tmp_path / "gaps.arrow"
+    with TraceWriter(p, TraceMeta(source="test")) as w:
+        for k, start in enumerate((0, 100_000, 100_000 + gap_us)):
+            w.add(
+                RequestRecord.from_body(
+                    {"model": MODEL, "prompt": "a" * (k + 1), "max_tokens": 1},
+                    request_id=f"t{k}",
+                    session_id="s",
+                    turn=k,
+                    start_us=start,
+                    end_us=start + 1_000,
+                )
+            )
+    emu = emulator_factory(["--speed", "instant"])
+    await replay(Trace.open(p), [Target("e", emu.url)], tmp_path)
+    ports = [e["peer_port"] for e in arrivals(emu)]
+    assert len(ports) == 3
+    assert ports[1] == ports[0]  # 0.1 s idle: kept alive
+    assert ports[2] != ports[1]  # idle past IDLE_CLOSE_S: a fresh connection
+
+
 def blocks_trace(tmp_path):
     p = tmp_path / "b.arrow"
     with TraceWriter(p, TraceMeta(source="test")) as w:
