@@ -9,6 +9,7 @@ becomes one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import signal
@@ -65,6 +66,20 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
     signal.raise_signal(signal.SIGINT)
 
 
+def _raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: a replay without --max-inflight
+    holds one connection per waiting request, and 1024 is a common default."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -76,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # asyncio.run cancels the main task on SIGINT: launched servers are
         # stopped and results, summary and journal written, as on Ctrl-C
         signal.signal(signal.SIGTERM, _term_as_interrupt)
+    if args.command in INTERRUPTIBLE:
+        _raise_open_files_limit()
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="replayer: %(levelname)s: %(message)s",

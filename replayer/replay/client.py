@@ -8,6 +8,7 @@ transport becomes a status and an error class, never an escape.
 from __future__ import annotations
 
 import asyncio
+import errno
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,8 +212,10 @@ async def send(
         result.error = f"no complete response within {request_timeout:g} s"
     except aiohttp.ClientConnectorError as exc:
         result.status = Status.TRANSPORT_ERROR
-        result.error_class = "connect"
-        result.error = _describe(exc)
+        # out of file descriptors is the replayer's own limit, not the target's crash
+        own = exc.os_error.errno in (errno.EMFILE, errno.ENFILE)
+        result.error_class = "client_resources" if own else "connect"
+        result.error = _describe(exc) + (" (replayer out of file descriptors)" if own else "")
     except (
         aiohttp.ClientPayloadError,
         aiohttp.ServerDisconnectedError,
@@ -247,7 +250,7 @@ async def send(
 def is_target_failure(r: Result) -> bool:
     """Server-side failures stop a replay; a 4xx is the client's doing."""
     if r.status in (Status.TRANSPORT_ERROR, Status.TIMEOUT):
-        return True
+        return r.error_class != "client_resources"
     if r.status is Status.HTTP_ERROR:
         return r.error_class == "stream_error" or (r.http_status or 0) >= 500
     return False

@@ -47,6 +47,9 @@ from replayer.trace.schema import Kind
 log = logging.getLogger("replayer.replay")
 
 _COARSE_MARGIN = 0.0015
+_BODY_LEAD = 0.05
+"""Seconds before its due time a session builds its next body (long contexts
+take milliseconds to serialize)."""
 
 
 @dataclass
@@ -170,6 +173,7 @@ class Replay:
         self.facts: dict[str, TargetFacts] = {}
         self.started = False
         self.finished = False
+        self._warned_fds = False
         c = trace.column
         self._rid, self._sid = c("request_id"), c("session_id")
         self._turn, self._path, self._kind = c("turn"), c("path"), c("kind")
@@ -359,11 +363,12 @@ class Replay:
     def now(self) -> float:
         return asyncio.get_running_loop().time() - self.t0
 
-    async def _sleep_until(self, run: TargetRun, at: float) -> bool:
-        """Wait until ``at`` seconds after T0; False if the target stopped."""
+    async def _sleep_until(self, run: TargetRun, at: float, *, precise: bool = True) -> bool:
+        """Wait until ``at`` seconds after T0; False if the target stopped.
+        ``precise=False`` skips the sub-millisecond spin at the end."""
         loop = asyncio.get_running_loop()
         deadline = self.t0 + at
-        delay = deadline - loop.time() - _COARSE_MARGIN
+        delay = deadline - loop.time() - (_COARSE_MARGIN if precise else 0.0)
         if delay > 0:
             stop = spawn(run.stopped.wait(), name="stop-wait")
             try:
@@ -371,7 +376,7 @@ class Replay:
             finally:
                 stop.cancel()
         # the fine wait spins on the loop (other tasks run): sub-ms precision
-        while loop.time() < deadline and not run.stopped.is_set():  # noqa: ASYNC110
+        while precise and loop.time() < deadline and not run.stopped.is_set():  # noqa: ASYNC110
             await asyncio.sleep(0)
         return not run.stopped.is_set()
 
@@ -470,6 +475,11 @@ class Replay:
             at = plan.eligible(i, policy.timing, run.done_at[p] if p is not None else None)
             if self._skip(run, i, at):
                 continue
+            # the body is built just before it is due: thousands of sessions
+            # waiting for their start must not each hold one (memory), nor
+            # build them all at T0 before anything is sent (lag)
+            if not await self._sleep_until(run, at - _BODY_LEAD, precise=False):
+                return
             body = self._body(run, i)
             if not await self._sleep_until(run, at):
                 return
@@ -546,6 +556,13 @@ class Replay:
             self._thread_live_reply(run, i, stats.assistant_message())
         if r.status is not Status.OK:
             run.errors += 1
+            if r.error_class == "client_resources" and not self._warned_fds:
+                self._warned_fds = True
+                log.warning(
+                    "requests to %s fail on this side: out of file descriptors; "
+                    "raise `ulimit -n` or cap connections with --max-inflight",
+                    run.target.name,
+                )
         if self.policy.save_output is False:
             r.output_text = None
         run.settled += 1

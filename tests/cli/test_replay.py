@@ -202,3 +202,41 @@ def test_interrupt_during_a_hang_stops_at_once_and_keeps_every_result(
     assert unsent and all(
         (r["status"], r["error_class"]) == ("not_sent_after_crash", "interrupted") for r in unsent
     )
+
+
+def test_out_of_file_descriptors_is_the_replayers_limit_not_a_crash(emulator_factory, tmp_path):
+    # 150 sessions at once, each request held ~1 s by the server, under a hard
+    # limit of 96 open files: some connections cannot be opened. That is the
+    # replayer's own limit: the target is not declared failed, the requests
+    # say why, and one warning names the fix.
+    import resource
+
+    from replayer.trace import RequestRecord, TraceMeta, TraceWriter
+
+    p = tmp_path / "wide.arrow"
+    with TraceWriter(p, TraceMeta(source="test")) as w:
+        for k in range(150):
+            body = {"model": "moonshotai/Kimi-K3", "prompt": f"q{k}", "max_tokens": 20}
+            w.add(
+                RequestRecord.from_body(
+                    body, request_id=f"r{k}", session_id=f"s{k}", turn=0, start_us=0
+                )
+            )
+    emu = emulator_factory(["--decode-time", "0.05", "--max-num-seqs", "1024"])
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (96, 96))
+
+    res = subprocess.run(
+        [sys.executable, "-m", "replayer", "replay", str(p), "--target", emu.url,
+         "--timing", "asap", "--order", "session", "--out", str(tmp_path / "r"), "--quiet"],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("out of file descriptors") == 1, res.stderr
+    rows = read_results(tmp_path / "r" / "results.arrow")
+    own = [r for r in rows if r["error_class"] == "client_resources"]
+    assert own and all(r["status"] == "transport_error" for r in own)
+    assert {r["status"] for r in rows} == {"ok", "transport_error"}
+    summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
+    assert summary["targets"]["target"]["failed"] is False

@@ -183,6 +183,46 @@ async def test_idle_connections_are_dropped_before_the_server_drops_them(
     assert ports[2] != ports[1]  # idle past IDLE_CLOSE_S: a fresh connection
 
 
+async def test_session_order_builds_each_body_just_before_it_is_due(
+    emulator_factory, tmp_path, monkeypatch
+):
+    # thousands of sessions waiting for their start must not each hold a
+    # body (memory) nor build them all at T0 before the first send (lag)
+    import asyncio
+
+    from replayer.replay import engine
+
+    built: dict[int, float] = {}
+    orig = engine.Replay._body
+
+    def spy(self, run, i):
+        built[i] = asyncio.get_running_loop().time() - self.t0
+        return orig(self, run, i)
+
+    monkeypatch.setattr(engine.Replay, "_body", spy)
+    p = tmp_path / "many.arrow"
+    with TraceWriter(p, TraceMeta(source="test")) as w:
+        for k in range(120):  # 120 one-turn sessions, one every 5 ms
+            w.add(
+                RequestRecord.from_body(
+                    {"model": MODEL, "prompt": f"q{k}", "max_tokens": 1},
+                    request_id=f"r{k}",
+                    session_id=f"s{k}",
+                    turn=0,
+                    start_us=k * 5_000,
+                    end_us=k * 5_000 + 1_000,
+                )
+            )
+    emu = emulator_factory(["--speed", "instant"])
+    policy = ReplayPolicy(order=Order.SESSION)
+    _, rows, results = await replay(Trace.open(p), [Target("e", emu.url)], tmp_path, policy)
+    assert len(built) == 120 and {r["status"] for r in results} == {"ok"}
+    # plan index i is the i-th request in trace order, r{i}
+    sched = {int(r["request_id"][1:]): r["scheduled_us"] / 1e6 for r in results}
+    early = [i for i in built if built[i] < sched[i] - engine._BODY_LEAD - 0.002]
+    assert not early, f"{len(early)} bodies built before their lead window"
+
+
 def blocks_trace(tmp_path):
     p = tmp_path / "b.arrow"
     with TraceWriter(p, TraceMeta(source="test")) as w:
