@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,24 +183,62 @@ def pin(pid: int, cpus: set[int]) -> bool:
         return False
 
 
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process (the client)."""
+    t = os.times()
+    return t.user + t.system
+
+
+CpuTally = dict[str, dict[str, dict[str, float]]]
+"""kind -> path -> {"requests", "client", "emulator", "recorder"} (CPU seconds)."""
+
+
 def throughput(
-    direct: str, rec: Recorder, args: argparse.Namespace
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, float]]:
-    """Closed-loop phases, direct and proxied alternated twice per kind."""
+    direct: str, rec: Recorder, emu_pid: int, args: argparse.Namespace
+) -> tuple[dict[str, dict[str, list[float]]], CpuTally]:
+    """Closed-loop phases, direct and proxied alternated ``rounds`` times per
+    kind (ABBA order, so neither path always runs first); the CPU each
+    process spent in each phase."""
     thr: dict[str, dict[str, list[float]]] = {}
-    cpu = {"seconds": 0.0, "requests": 0.0}
+    cpu: CpuTally = {}
+    procs: dict[str, Callable[[], float]] = {
+        "client": own_cpu_seconds,
+        "emulator": lambda: cpu_seconds(emu_pid),
+        "recorder": lambda: cpu_seconds(rec.proc.pid),
+    }
     for kind, body in (("unary", UNARY), ("stream", STREAM)):
         thr[kind] = {"direct": [], "proxied": []}
+        cpu[kind] = {p: dict.fromkeys(("requests", *procs), 0.0) for p in ("direct", "proxied")}
         key = "requests_per_s" if kind == "unary" else "chunks_per_s"
-        for _ in range(args.rounds):
-            for path, url in (("direct", direct), ("proxied", rec.url)):
-                c0 = cpu_seconds(rec.proc.pid)
+        for i in range(args.rounds):
+            order = [("direct", direct), ("proxied", rec.url)]
+            for path, url in order[:: -1 if i % 2 else 1]:
+                c0 = {name: f() for name, f in procs.items()}
                 r = asyncio.run(load(url, body, args.concurrency, args.duration))
                 thr[kind][path].append(r[key])
-                if path == "proxied":
-                    cpu["seconds"] += cpu_seconds(rec.proc.pid) - c0
-                    cpu["requests"] += r["requests"]
+                tally = cpu[kind][path]
+                tally["requests"] += r["requests"]
+                for name, f in procs.items():
+                    tally[name] += f() - c0[name]
     return thr, cpu
+
+
+def cpu_per_request(cpu: CpuTally) -> dict[str, dict[str, dict[str, float]]]:
+    """CPU µs per request, per kind, path and process."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for kind, paths in cpu.items():
+        out[kind] = {}
+        for path, t in paths.items():
+            n = max(1.0, t["requests"])
+            out[kind][path] = {k: v / n * 1e6 for k, v in t.items() if k != "requests"}
+    return out
+
+
+def cpu_ceiling(per: dict[str, dict[str, float]]) -> float:
+    """The proxied/direct throughput ratio the CPU allows when every core is busy:
+    direct costs client + emulator per request, proxied that plus the recorder."""
+    d, p = per["direct"], per["proxied"]
+    return (d["client"] + d["emulator"]) / (p["client"] + p["emulator"] + p["recorder"])
 
 
 def ratios(t: dict[str, dict[str, list[float]]]) -> dict[str, float]:
@@ -225,13 +264,14 @@ def main(argv: list[str]) -> dict[str, Any]:
     try:
         lat = asyncio.run(latency(emu.url, rec.url, args.requests))
         unary, stream = summarize(lat["unary"]), summarize(lat["stream"])
-        thr, cpu = throughput(emu.url, rec, args)
+        thr, cpu = throughput(emu.url, rec, emu.pid, args)
         own: dict[str, dict[str, list[float]]] = {}
         ncpu = os.cpu_count() or 1
         if ncpu >= 2 and pin(emu.pid, {0}) and pin(0, {0}) and pin(rec.proc.pid, {1}):
             # the recorder on a core of its own: what it costs a pipeline that
-            # is not short of CPU (a GPU server has cores to spare)
-            own, _ = throughput(emu.url, rec, args)
+            # is not short of CPU (a GPU server has cores to spare). NOT like
+            # for like: direct runs on one core here, proxied on two.
+            own, _ = throughput(emu.url, rec, emu.pid, args)
             for pid in (emu.pid, 0, rec.proc.pid):
                 pin(pid, set(range(ncpu)))
         err = rec.stop()
@@ -244,6 +284,9 @@ def main(argv: list[str]) -> dict[str, Any]:
 
     rows = len(Trace.open(trace))
     ratio = ratios(thr)
+    per = cpu_per_request(cpu)
+    proxied_requests = sum(t["proxied"]["requests"] for t in cpu.values())
+    rec_s = sum(t["proxied"]["recorder"] for t in cpu.values())
     figures: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "unary": unary,
@@ -252,8 +295,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         "throughput_ratio": ratio,
         "throughput_recorder_own_core": means(own) if own else None,
         "throughput_ratio_recorder_own_core": ratios(own) if own else None,
-        "recorder_cpu_s": cpu["seconds"],
-        "recorder_cpu_us_per_request": cpu["seconds"] / max(1, cpu["requests"]) * 1e6,
+        "recorder_cpu_s": rec_s,
+        "recorder_cpu_us_per_request": rec_s / max(1, proxied_requests) * 1e6,
+        "cpu_us_per_request": per,
+        "cpu_ceiling_ratio": {kind: cpu_ceiling(p) for kind, p in per.items()},
         "trace_rows": rows,
         "trace_bytes": size,
         "recorder_stderr_tail": err.strip().splitlines()[-1:] if err else [],
@@ -283,7 +328,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     print(f"| {head} | direct | via recorder | ratio |\n|---|---|---|---|")
     phases = [("all processes share the CPUs", thr)]
     if own:
-        phases.append(("recorder on its own core, emulator + client on the other", own))
+        # direct gets one core, proxied two: how the recorder does with spare
+        # CPU, not a like-for-like comparison
+        phases.append(("recorder on a core of its own, direct on one core: not like for like", own))
     for where, t in phases:
         m, r = means(t), ratios(t)
         print(
@@ -293,6 +340,20 @@ def main(argv: list[str]) -> dict[str, Any]:
         print(
             f"| streaming SSE events/s ({where}) | {m['stream']['direct']:,.0f} "
             f"| {m['stream']['proxied']:,.0f} | {r['stream']:.0%} |"
+        )
+    print()
+    print("| CPU µs per request (processes sharing the CPUs) | client | emulator | recorder |")
+    print("|---|---|---|---|")
+    for kind, paths in per.items():
+        for path, us in paths.items():
+            rec_us = f"{us['recorder']:,.0f}" if path == "proxied" else "-"
+            print(f"| {kind}, {path} | {us['client']:,.0f} | {us['emulator']:,.0f} | {rec_us} |")
+    print()
+    print("| throughput ratio the CPU allows (every core busy) | value |\n|---|---|")
+    for kind, paths in per.items():
+        print(
+            f"| {kind}: (client + emulator) direct / (client + emulator + recorder) proxied "
+            f"| {cpu_ceiling(paths):.0%} |"
         )
     print()
     cpu_us = figures["recorder_cpu_us_per_request"]

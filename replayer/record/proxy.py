@@ -57,6 +57,7 @@ from replayer.record.recorder import (
 )
 from replayer.record.redact import MASK, Redactor
 from replayer.record.sink import TraceSink
+from replayer.replay.client import IDLE_CLOSE_S
 
 log = logging.getLogger("replayer.record")
 
@@ -75,6 +76,8 @@ HOP_BY_HOP = frozenset(
 )
 # Added per hop by aiohttp or meaningless past this hop.
 _REQUEST_DROP = frozenset({"host", "expect"})
+_STREAMED_SKIP = HOP_BY_HOP | _REQUEST_DROP
+_HELD_SKIP = _STREAMED_SKIP | {"content-length"}
 _MAX_HEADER = 1 << 16
 _SLICE = 1 << 20
 
@@ -122,6 +125,16 @@ def hop_by_hop(headers: Any) -> set[str]:
     for value in headers.getall("Connection", ()):
         names.update(t.strip().lower() for t in value.split(",") if t.strip())
     return names
+
+
+def _without(headers: Any, skip: frozenset[str]) -> CIMultiDict[str]:
+    """A copy of ``headers`` less ``skip``, hop-by-hop headers and those ``Connection`` names.
+
+    The per-request path: without a ``Connection`` header (HTTP/1.1 clients
+    rarely send one) the skip set is fixed and nothing is rebuilt."""
+    if "Connection" in headers:
+        skip = skip | hop_by_hop(headers)
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
 
 
 def error_envelope(message: str, type_: str = "BadGateway", code: int = 502) -> bytes:
@@ -205,7 +218,11 @@ class RecordingProxy:
         self.recorder = recorder
         self._sink.start()
         self._client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0),
+            # idle upstream connections close before vLLM closes them (IDLE_CLOSE_S):
+            # a request written on one the server is closing would fail as a 502
+            connector=aiohttp.TCPConnector(
+                limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=IDLE_CLOSE_S
+            ),
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=None, sock_connect=cfg.connect_timeout, sock_read=None
             ),
@@ -306,14 +323,12 @@ class RecordingProxy:
         return URL(self._base + raw, encoded=True)
 
     def _upstream_headers(self, request: web.BaseRequest, *, body_held: bool) -> CIMultiDict[str]:
-        skip = hop_by_hop(request.headers) | _REQUEST_DROP
-        if body_held:
-            skip.add("content-length")  # aiohttp sets it from the held body
-        return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in skip)
+        # aiohttp sets Content-Length from a held body
+        skip = _HELD_SKIP if body_held else _STREAMED_SKIP
+        return _without(request.headers, skip)
 
     def _response_headers(self, resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
-        skip = hop_by_hop(resp.headers)
-        return CIMultiDict((k, v) for k, v in resp.headers.items() if k.lower() not in skip)
+        return _without(resp.headers, HOP_BY_HOP)
 
     def _bad_gateway(self, exc: BaseException) -> web.Response:
         detail = str(exc) or type(exc).__name__
@@ -341,18 +356,12 @@ class RecordingProxy:
 
     async def _recorded(self, request: web.BaseRequest, start: int) -> web.StreamResponse:
         assert self._client is not None and self.recorder is not None
-        sha = hashlib.sha256()
-        chunks: list[bytes] = []
-        async for chunk in request.content.iter_any():
-            sha.update(chunk)
-            chunks.append(chunk)
-        raw = b"".join(chunks)
-        del chunks
+        raw = await _read_body(request.content)
         body_ns = time.monotonic_ns()
         ex = self.recorder.begin(
             path=request.path,
             raw=raw,
-            sha256=sha.hexdigest(),
+            sha256=hashlib.sha256(raw).hexdigest(),
             start_ns=start,
             body_ns=body_ns,
             headers=request.headers,
@@ -434,29 +443,42 @@ class RecordingProxy:
         ``None``, ``"client"`` (the client went away) or the upstream's error."""
         recorder = self.recorder
         assert recorder is not None
-        out = web.StreamResponse(
-            status=resp.status, reason=resp.reason, headers=self._response_headers(resp)
+        content = resp.content
+        try:
+            chunk = content.read_nowait()  # body bytes that came with the headers
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            chunk = b""  # readany raises it again below
+        out = _Relayed(
+            status=resp.status,
+            reason=resp.reason,
+            headers=self._response_headers(resp),
+            coalesce=bool(chunk),
         )
         try:
             await out.prepare(request)
         except (ConnectionError, OSError):
             return out, "client"
-        content = resp.content
         while True:
-            try:
-                chunk = await content.readany()
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                # the upstream broke off: cut the client the same way (no final chunk)
-                if request.transport is not None:
-                    request.transport.abort()
-                return out, f"upstream broke off: {str(exc) or type(exc).__name__}"
             if not chunk:
-                break
+                try:
+                    chunk = await content.readany()
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                    # the upstream broke off: cut the client the same way (no final chunk)
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return out, f"upstream broke off: {str(exc) or type(exc).__name__}"
+                if not chunk:
+                    break
+            # the body's last bytes go out with its end (one write for a small body)
+            eof = content.at_eof()
             if cap is None or ex is None:
                 try:
-                    await out.write(chunk)
+                    await (out.write_eof(chunk) if eof else out.write(chunk))
                 except (ConnectionError, OSError):
                     return out, "client"
+                if eof:
+                    return out, None
+                chunk = b""
                 continue
             now = time.monotonic_ns()
             if ex.first_byte_ns is None:
@@ -470,18 +492,43 @@ class RecordingProxy:
                 if cap.done and ex.settled_ns is None:
                     recorder.settle(ex, cap.reply(), now)
             try:
-                await out.write(chunk)
+                await (out.write_eof(chunk) if eof else out.write(chunk))
             except (ConnectionError, OSError):
                 if not last:
                     cap.feed(chunk, now)
                 return out, "client"
             if not last:
                 cap.feed(chunk, now)
+            if eof:
+                return out, None
+            chunk = b""
         try:
             await out.write_eof()
         except (ConnectionError, OSError):
             return out, "client"
         return out, None
+
+
+class _Relayed(web.StreamResponse):
+    """A relayed response. Its headers go out at once (SSE cadence is the
+    upstream's), except when body bytes came with them: then both go in one
+    write, as the upstream sent them (a small response costs one send, not two)."""
+
+    def __init__(self, *, coalesce: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # honoured by aiohttp >= 3.12 (header coalescing); older ones send at once
+        self._send_headers_immediately = not coalesce
+
+
+async def _read_body(content: aiohttp.StreamReader) -> bytes:
+    """A request body, whole (usually one read: it came with the headers)."""
+    raw = await content.readany()
+    if not raw:
+        return raw
+    chunks = [raw]
+    while chunk := await content.readany():
+        chunks.append(chunk)
+    return raw if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _slices(raw: bytes) -> AsyncIterator[memoryview]:

@@ -24,6 +24,7 @@ stored: a pattern may spell the secret it hides.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -68,7 +69,18 @@ _CONTENT_KEYS = ("messages", "prompt")
 
 def secret_header(name: str, value: str = "") -> bool:
     """A header the recorder never stores, by its name or its value."""
-    return bool(_SECRET_NAME.search(name)) or bool(value and _SECRET_VALUE.search(value))
+    return _secret_name(name) or bool(value and _SECRET_VALUE.search(value))
+
+
+@functools.lru_cache(maxsize=1024)
+def _secret_name(name: str) -> bool:
+    # names repeat on every request (values are not cached: they may be secrets)
+    return bool(_SECRET_NAME.search(name))
+
+
+@functools.lru_cache(maxsize=64)
+def _lower_set(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(h.lower() for h in names)
 
 
 def secret_field(name: str) -> bool:
@@ -118,11 +130,11 @@ class Redactor:
         self, headers: Iterable[tuple[str, str]], skip: Iterable[str] = ()
     ) -> dict[str, str]:
         """Headers that may be stored (values masked); repeated names are joined by ', '."""
-        skipped = {h.lower() for h in skip}
+        skipped = _lower_set(tuple(skip))
         out: dict[str, str] = {}
         for name, value in headers:
             low = name.lower()
-            if low in self.drop or low in skipped or secret_header(name, value):
+            if low in self.drop or low in skipped or secret_header(low, value):
                 continue
             v = self.text(value) if self.patterns else value
             out[low] = f"{out[low]}, {v}" if low in out else v

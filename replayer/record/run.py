@@ -14,9 +14,11 @@ exchanges recorded, in flight, bytes on disk.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +67,37 @@ async def _progress(proxy: RecordingProxy, every: float) -> None:
             last = line
 
 
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheaper for the rest of the process.
+
+    Everything alive once the proxy is up (modules, the proxy, its pools)
+    lives as long as the process: frozen, it is never scanned again. And a
+    relayed request allocates a few hundred short-lived containers, so the
+    default young-generation threshold (700) collects every couple of
+    requests. With 10,000 the recorder spends ~6% less CPU per request
+    (bench/RESULTS.md); memory grows by at most that many young objects.
+    """
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when uvloop is installed (~7% less recorder CPU
+    per request, bench/RESULTS.md), else None: asyncio's default.
+
+    **Usage**::
+
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(serve(config))
+    """
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def write_port_file(path: Path, port: int) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(f"{port}\n")
@@ -83,6 +116,7 @@ async def serve(
     (``--metrics-port``) reads the proxy's counters at scrape time."""
     proxy = RecordingProxy(config)
     await proxy.start()
+    tune_gc()
     if live is not None:
         live.attach_recorder(proxy)
     loop = asyncio.get_running_loop()

@@ -103,6 +103,7 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.chat)
         app.router.add_get("/gated", self.gated)
+        app.router.add_get("/silent", self.silent)
         app.router.add_get("/gzip", self.gzipped)
         app.router.add_get("/redirect", self.redirect)
         app.router.add_route("*", "/{tail:.*}", self.echo)
@@ -146,6 +147,15 @@ class FakeUpstream:
         await resp.write(b"data: first\n\n")
         await self.gate.wait()
         await resp.write(b"data: second\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def silent(self, request: web.Request) -> web.StreamResponse:
+        """Headers at once, the body only when the gate opens (a long prefill)."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await self.gate.wait()
+        await resp.write(b"data: late\n\n")
         await resp.write_eof()
         return resp
 

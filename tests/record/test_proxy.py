@@ -237,6 +237,23 @@ async def test_sse_is_relayed_event_by_event(fake_upstream, proxy_factory):
         assert await r.read() == b"data: second\n\n"
 
 
+async def test_headers_are_not_held_for_the_body(fake_upstream, proxy_factory):
+    # a small body goes out in one write with its headers, but headers the
+    # upstream sent alone reach the client at once, not with the first event
+    proxy = await proxy_factory(fake_upstream.url)
+    async with aiohttp.ClientSession() as s:
+        async with asyncio.timeout(10):
+            r = await s.get(f"{proxy.url}/silent")
+        assert r.status == 200
+        assert r.headers["Content-Type"] == "text/event-stream"
+        fake_upstream.gate.set()
+        assert await r.read() == b"data: late\n\n"
+        r.close()
+        async with s.get(f"{proxy.url}/small") as r:
+            assert r.status == 200
+            assert orjson.loads(await r.read())["path_qs"] == "/small"
+
+
 async def test_bodies_of_hundreds_of_mb_stream_through(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     block = bytes(range(256)) * 4096  # 1 MiB
