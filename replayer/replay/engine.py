@@ -459,12 +459,21 @@ class Replay:
             last = at
 
     async def _dispatch_sessions(self, run: TargetRun) -> None:
+        plan, timing = self.plan, self.policy.timing
         by_session: dict[str, list[int]] = {}
-        for i, s in enumerate(self.plan.sessions):
+        for i, s in enumerate(plan.sessions):
             by_session.setdefault(s, []).append(i)
+        # a session's task starts just before its first request is due: set up
+        # all at T0, 18,000 sessions delayed the first send by most of a second
+        starts = sorted(
+            (plan.eligible(idx[0], timing, None) if plan.prev[idx[0]] is None else 0.0, idx[0], s)
+            for s, idx in by_session.items()
+        )
         async with asyncio.TaskGroup() as tg:
-            for s, idx in by_session.items():
-                tg.create_task(self._session_loop(run, idx), name=f"session-{s}")
+            for at, _, s in starts:
+                if not await self._sleep_until(run, at - _BODY_LEAD, precise=False):
+                    break
+                tg.create_task(self._session_loop(run, by_session[s]), name=f"session-{s}")
 
     async def _session_loop(self, run: TargetRun, idx: list[int]) -> None:
         plan, policy = self.plan, self.policy
