@@ -114,10 +114,14 @@ def _session(
         meta = {k: r[k] for k in _META_KEYS if k in r}
         if sub is not None and turn == 0:
             meta.update(sub)
+        if not r["out"]:
+            # recorded with no output (27 of the corpus's 49,334); vLLM rejects
+            # max_tokens 0, and the prefill is what a crash hunt replays
+            meta["recorded_out"] = r["out"]
         params: dict[str, Any] = {
             "model": r.get("model"),
             "prompt": None,
-            "max_tokens": r["out"],
+            "max_tokens": max(1, r["out"]),
             "ignore_eos": True,
             "stream": r.get("type") == "s",
         }
