@@ -97,9 +97,9 @@ SESSION_ARGS = ["--order", "session", "--max-inflight", str(SESSION_INFLIGHT)]
 LAG_DEFINITIONS = {
     "first_anchored": "(send_i - send_first) - (ts_i - ts_first); first = the trace's first "
     "request; send = replayer dispatched_us / AIPerf request_start_ns. Valid only when the "
-    "first request leaves on time; not shown for --order session, whose first request is "
-    "itself late (all session tasks start, each building its first body, before any send), "
-    "which made every later request look early (negative lag)",
+    "first request leaves on time; not shown for --order session, whose first request can "
+    "itself be late (session tasks are set up as the run starts), which would make every "
+    "later request look early (negative lag)",
     "t0_anchored": "(the table's lag) send_i - (T0 + ts_i); T0 = replayer's anchor (results "
     "are relative to it) / AIPerf's profiling-phase start_ns from its log",
     "engine": "replayer's own figure (summary lag_ms): dispatched_us - scheduled_us; "
