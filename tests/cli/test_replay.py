@@ -73,6 +73,8 @@ def test_failed_target_is_1(emulator_factory, tmp_path):
         emu.url,
         "--timing",
         "asap",
+        "--settle",  # a dead engine keeps its process: do not wait the default 10 s
+        "1",
         "--out",
         tmp_path / "r",
         "--quiet",

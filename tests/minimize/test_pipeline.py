@@ -196,11 +196,18 @@ async def test_another_bug_is_recorded_never_accepted(tmp_path):
     # the trace: a CUDA crash whenever the 2nd request is long, which the full
     # trace never triggers (its 2nd request is a first turn) but reductions do
     t = synth(tmp_path, sessions=5, turns=5, context=12_000, rate=2, think=0.3, seed=6)
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "turns"),
+        calibrate_matches=2,
+        calibrate_runs=4,
+        confirm=2,
+    )
     b, res, m = await bisect(
         tmp_path,
         t,
         "exit after=0.2 gpu=hsa when prompt_tokens>=9000 and session>=4",
         "exit after=0.2 gpu=cuda when request=2 and prompt_tokens>=5000",
+        opts=opts,
     )
     others = [r for r in b.oracle.history() if r.outcome is Outcome.OTHER_FAILURE]
     assert others, "the reduction never ran into the second bug"
