@@ -178,5 +178,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     _say(f"   bundle: {res.bundle}  (and {res.bundle}.tar.gz)")
     _say(f"   reproduce anywhere: python3 {res.bundle / 'repro.py'} --url http://HOST:PORT")
+    from replayer.analysis.report import write_report
+
+    _say("\n== 5. look at it (offline HTML: timeline, server gauges, the bisect search)")
+    _say(f"   {write_report(out / 'replay')}")
+    _say(f"   {write_report(bdir)}")
     _say(f"\ndemo finished in {time.monotonic() - t_start:.0f} s")
     return 0
