@@ -9,6 +9,7 @@ is recorded with its latency; consecutive failures are counted.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,15 +71,18 @@ class HealthMonitor:
             ) as resp:
                 status = resp.status
                 await resp.read()
-        except aiohttp.ClientConnectorError:
-            error = "refused"
+        except aiohttp.ClientConnectorError as exc:
+            # out of file descriptors is this process's limit, not a dead server
+            own = exc.os_error.errno in (errno.EMFILE, errno.ENFILE)
+            error = "client_resources" if own else "refused"
         except TimeoutError:
             error = "timeout"
         except aiohttp.ClientError as exc:
             error = type(exc).__name__
         p = Probe(t=start - self.t0, status=status, latency=loop.time() - start, error=error)
         self.timeline.append(p)
-        self.consecutive_failures = 0 if p.ok else self.consecutive_failures + 1
+        if p.error != "client_resources":  # says nothing about the server
+            self.consecutive_failures = 0 if p.ok else self.consecutive_failures + 1
         return p
 
     async def run(self, stop: asyncio.Event) -> None:
