@@ -228,7 +228,7 @@ class Bisect:
             if s in ("prefix", "sessions", "turns"):
                 probes += math.ceil(math.log2(max(n, 2)))
             elif s == "timing":
-                probes += len(self.opts.speedups) + 1
+                probes += len(self.opts.speedups) + max(2, self.opts.calibrate_matches)
         return (
             round(probes * per_probe)
             + self.opts.confirm * (self.control is not None)
@@ -407,6 +407,32 @@ class Bisect:
             cand = Candidate(self.best.positions, Timing.ASAP.value, self.best.speed)
             if await self.oracle.test(cand, stage="timing"):
                 self._improve(cand, "timing")
+        if self.best != base and not await self._reproduces(self.best, "timing"):
+            # a faster replay changes the races a crash may need: one crash
+            # does not trade away the timing that reproduced reliably
+            self.say(
+                f"== timing: {self.best.timing} at {self.best.speed:g}x did not crash on every "
+                f"run; keeping {base.timing} at {base.speed:g}x"
+            )
+            self.best = base
+            self._write_bundle("in_progress")
+
+    async def _reproduces(self, cand: Candidate, stage: str) -> bool:
+        """``cand`` crashed on each of ``calibrate_matches`` (at least 2) runs of
+        ``stage``; journaled runs count first, so a resumed bisect repeats none."""
+        need = max(2, self.opts.calibrate_matches)
+        for _ in range(2 * need):  # bounded: infrastructure failures do not count
+            recs = [
+                r
+                for r in self.oracle.records.get(cand.key(), [])
+                if r.stage == stage and r.outcome is not Outcome.INFRA
+            ]
+            if any(r.outcome is not Outcome.MATCH for r in recs):
+                return False
+            if len(recs) >= need:
+                return True
+            await self.oracle.run_once(cand, stage)
+        return False
 
     async def confirm(self) -> None:
         n = self.opts.confirm
