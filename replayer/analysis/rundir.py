@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 
+from replayer._arrow import read_stream
 from replayer.errors import UsageError
 from replayer.trace.stats import percentile
 
@@ -118,18 +118,7 @@ class RunData:
 
 def read_columns(path: Path, columns: Sequence[str] = COLUMNS) -> dict[str, list[Any]]:
     """Columns of a ``results.arrow`` stream (a torn tail is dropped)."""
-    batches: list[pa.RecordBatch] = []
-    with pa.memory_map(str(path)) as src:
-        reader = ipc.open_stream(src)
-        schema = reader.schema
-        while True:
-            try:
-                batches.append(reader.read_next_batch())
-            except StopIteration:
-                break
-            except (pa.ArrowInvalid, OSError):
-                break
-    table = pa.Table.from_batches(batches, schema=schema)
+    table = read_stream(path)
     return {c: table.column(c).to_pylist() for c in columns if c in table.column_names}
 
 
@@ -137,18 +126,7 @@ def read_samples(path: Path, names: Sequence[str]) -> dict[str, list[Any]]:
     """``t``, ``source``, ``name``, ``value`` of the scraped samples named
     ``names`` in a ``metrics.arrow`` (filtered in Arrow: a long run holds
     millions of samples, and the report wants a handful of series)."""
-    batches: list[pa.RecordBatch] = []
-    with pa.memory_map(str(path)) as src:
-        reader = ipc.open_stream(src)
-        schema = reader.schema
-        while True:
-            try:
-                batches.append(reader.read_next_batch())
-            except StopIteration:
-                break
-            except (pa.ArrowInvalid, OSError):
-                break
-    table = pa.Table.from_batches(batches, schema=schema)
+    table = read_stream(path)
     table = table.filter(pc.is_in(table.column("name"), value_set=pa.array(list(names))))
     return {c: table.column(c).to_pylist() for c in ("t", "source", "name", "value")}
 

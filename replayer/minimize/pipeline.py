@@ -422,11 +422,7 @@ class Bisect:
         ``stage``; journaled runs count first, so a resumed bisect repeats none."""
         need = max(2, self.opts.calibrate_matches)
         for _ in range(2 * need):  # bounded: infrastructure failures do not count
-            recs = [
-                r
-                for r in self.oracle.records.get(cand.key(), [])
-                if r.stage == stage and r.outcome is not Outcome.INFRA
-            ]
+            recs = self._stage_runs(cand, stage)
             if any(r.outcome is not Outcome.MATCH for r in recs):
                 return False
             if len(recs) >= need:
@@ -441,9 +437,16 @@ class Bisect:
         if self.control is not None:
             await self._control_runs(n)
 
+    def _stage_runs(self, cand: Candidate, stage: str) -> list[TrialRecord]:
+        """``cand``'s journaled runs in ``stage`` that reached a verdict (not INFRA)."""
+        return [
+            r
+            for r in self.oracle.records.get(cand.key(), [])
+            if r.stage == stage and r.outcome is not Outcome.INFRA
+        ]
+
     def _confirm_counts(self) -> tuple[int, int]:
-        recs = [r for r in self.oracle.records.get(self.best.key(), []) if r.stage == "confirm"]
-        ok = [r for r in recs if r.outcome is not Outcome.INFRA]
+        ok = self._stage_runs(self.best, "confirm")
         return sum(r.outcome is Outcome.MATCH for r in ok), len(ok)
 
     async def _control_runs(self, n: int) -> None:

@@ -9,7 +9,6 @@ is recorded with its latency; consecutive failures are counted.
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from replayer._async import wait_event
+from replayer.replay.client import out_of_fds
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +72,7 @@ class HealthMonitor:
                 status = resp.status
                 await resp.read()
         except aiohttp.ClientConnectorError as exc:
-            # out of file descriptors is this process's limit, not a dead server
-            own = exc.os_error.errno in (errno.EMFILE, errno.ENFILE)
-            error = "client_resources" if own else "refused"
+            error = "client_resources" if out_of_fds(exc) else "refused"
         except TimeoutError:
             error = "timeout"
         except aiohttp.ClientError as exc:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from prometheus_client.parser import text_string_to_metric_families
 
+from replayer._arrow import read_stream
 from replayer._async import wait_event
 from replayer.replay.client import IDLE_CLOSE_S
 
@@ -159,16 +160,7 @@ class MetricsScraper:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Every sample row of a run's metrics.arrow (a torn tail is dropped)."""
-    rows: list[dict[str, Any]] = []
-    with pa.memory_map(str(path)) as src:
-        reader = ipc.open_stream(src)
-        while True:
-            try:
-                rows.extend(reader.read_next_batch().to_pylist())
-            except StopIteration:
-                break
-            except (pa.ArrowInvalid, OSError):
-                break
+    rows: list[dict[str, Any]] = read_stream(path).to_pylist()
     return rows
 
 

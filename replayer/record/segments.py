@@ -34,7 +34,7 @@ import heapq
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from replayer.errors import TraceError, UsageError
 from replayer.record.sessions import SessionTracker
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.writer import TraceMeta, TraceWriter
 
 _INFERRED = frozenset({"new", "next", "fork"})
 
@@ -188,30 +188,14 @@ def merge(paths: Sequence[Path], out: Path) -> MergeResult:
             meta["segment"] = r.seg
             sessions.add(a.session_id)
             w.add(
-                RequestRecord(
+                replace(
+                    t.record(r.row, content=r.content),
                     request_id=rid,
                     session_id=a.session_id,
                     turn=a.turn,
                     start_us=r.at,
                     end_us=None if end is None else end_at,
-                    kind=kind,
-                    params=orjson.loads(t.params_text(r.row)),
-                    content=r.content,
-                    path=c("path")[r.row],
-                    block_size=c("block_size")[r.row],
-                    block_ns=c("block_ns")[r.row],
-                    input_tokens=c("input_tokens")[r.row],
                     base_hint=a.parent,
-                    body_sha256=c("body_sha256")[r.row],
-                    status=outcome["status"],
-                    ttft_us=outcome["ttft_us"],
-                    finish_reason=outcome["finish_reason"],
-                    output_text=outcome["output_text"],
-                    output_tool_calls=outcome["output_tool_calls"],
-                    usage_prompt_tokens=outcome["usage_prompt_tokens"],
-                    usage_completion_tokens=outcome["usage_completion_tokens"],
-                    usage_cached_tokens=outcome["usage_cached_tokens"],
-                    error=outcome["error"],
                     meta=meta,
                 )
             )

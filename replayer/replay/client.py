@@ -32,6 +32,12 @@ hit it on the kv-cache-tester corpus. Closing well before the server does
 leaves a 3 s margin for the event loop to be busy."""
 
 
+def out_of_fds(exc: aiohttp.ClientConnectorError) -> bool:
+    """The connection failed for lack of file descriptors: this process's
+    limit (see ``ulimit -n``), which says nothing about the server."""
+    return exc.os_error.errno in (errno.EMFILE, errno.ENFILE)
+
+
 @dataclass(frozen=True)
 class Target:
     """A server under test."""
@@ -212,8 +218,7 @@ async def send(
         result.error = f"no complete response within {request_timeout:g} s"
     except aiohttp.ClientConnectorError as exc:
         result.status = Status.TRANSPORT_ERROR
-        # out of file descriptors is the replayer's own limit, not the target's crash
-        own = exc.os_error.errno in (errno.EMFILE, errno.ENFILE)
+        own = out_of_fds(exc)  # the replayer's own limit, not the target's crash
         result.error_class = "client_resources" if own else "connect"
         result.error = _describe(exc) + (" (replayer out of file descriptors)" if own else "")
     except (

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from replayer import __version__
+from replayer._arrow import read_stream
 
 
 class Status(StrEnum):
@@ -155,14 +156,5 @@ class ResultsWriter:
 
 def read_results(path: Path) -> list[dict[str, Any]]:
     """All result rows of a run (a killed run's torn tail is dropped)."""
-    out: list[dict[str, Any]] = []
-    with pa.memory_map(str(path)) as src:
-        reader = ipc.open_stream(src)
-        while True:
-            try:
-                out.extend(reader.read_next_batch().to_pylist())
-            except StopIteration:
-                break
-            except (pa.ArrowInvalid, OSError):
-                break
-    return out
+    rows: list[dict[str, Any]] = read_stream(path).to_pylist()
+    return rows
