@@ -115,6 +115,7 @@ def _choice(*options: str) -> Callable[[str], str]:
 
 
 # effect -> parameter -> (parser, default)
+Effects = Mapping[str, Mapping[str, tuple[Callable[[str], object], object]]]
 EFFECTS: dict[str, dict[str, tuple[Callable[[str], object], object]]] = {
     "exit": {"code": (int, 0), "gpu": (_choice(*GPU_FLAVOURS), None), "after": (float, 1.0)},
     "dead": {"gpu": (_choice(*GPU_FLAVOURS), None)},
@@ -191,13 +192,13 @@ def _fail(where: str, msg: str) -> FaultSpecError:
     return FaultSpecError(f"bad fault {where}: {msg}")
 
 
-def _condition(text: str, where: str) -> Condition:
+def _condition(text: str, where: str, variables: Sequence[str] = VARIABLES) -> Condition:
     m = re.fullmatch(rf"([a-z_]+){_OP_RE}(-?[0-9.]+(?:e-?[0-9]+)?)", text)
     if not m:
         raise _fail(where, f"cannot parse condition {text!r} (expected VAR>=NUMBER)")
     var, op, num = m.groups()
-    if var not in VARIABLES:
-        raise _fail(where, f"unknown variable {var!r}; have {', '.join(VARIABLES)}")
+    if var not in variables:
+        raise _fail(where, f"unknown variable {var!r}; have {', '.join(variables)}")
     try:
         value = float(num)
     except ValueError:
@@ -212,10 +213,11 @@ def _build(
     conditions: Sequence[Condition],
     options: Mapping[str, str],
     index: int,
+    effects: Effects = EFFECTS,
 ) -> FaultRule:
-    if effect not in EFFECTS:
-        raise _fail(where, f"unknown effect {effect!r}; have {', '.join(EFFECTS)}")
-    spec = EFFECTS[effect]
+    if effect not in effects:
+        raise _fail(where, f"unknown effect {effect!r}; have {', '.join(effects)}")
+    spec = effects[effect]
     params: dict[str, object] = {k: default for k, (_, default) in spec.items()}
     for key, value in raw_params.items():
         if key not in spec:
@@ -246,8 +248,15 @@ def _build(
     )
 
 
-def parse_spec(text: str, index: int = 0) -> FaultRule:
-    """Parse one ``--fault`` string."""
+def parse_spec(
+    text: str,
+    index: int = 0,
+    *,
+    variables: Sequence[str] = VARIABLES,
+    effects: Effects = EFFECTS,
+) -> FaultRule:
+    """Parse one ``--fault`` string (``variables`` and ``effects``: another
+    dialect of the grammar, e.g. the real-vLLM plugin's)."""
     where = f"spec {text!r}"
     words = re.sub(rf"\s*{_OP_RE}\s*", r"\1", text.strip()).split()
     if not words:
@@ -274,7 +283,7 @@ def parse_spec(text: str, index: int = 0) -> FaultRule:
         if sep and key.lower() in _RULE_KEYS and not value.startswith("="):
             options["p" if key.lower() == "probability" else key.lower()] = value
             continue
-        if sep and key.lower() in EFFECTS.get(effect, {}) and not value.startswith("="):
+        if sep and key.lower() in effects.get(effect, {}) and not value.startswith("="):
             params[key.lower()] = value  # effect parameters may follow the conditions
             continue
         if in_when:
@@ -283,7 +292,7 @@ def parse_spec(text: str, index: int = 0) -> FaultRule:
             if low == "always":
                 want_cond = False
                 continue
-            conditions.append(_condition(low, where))
+            conditions.append(_condition(low, where, variables))
             want_cond = False
             continue
         if not sep:
@@ -291,7 +300,7 @@ def parse_spec(text: str, index: int = 0) -> FaultRule:
         params[key.lower()] = value
     if in_when and want_cond:
         raise _fail(where, "a condition must follow 'when'/'and'")
-    return _build(where, effect, params, conditions, options, index)
+    return _build(where, effect, params, conditions, options, index, effects)
 
 
 def parse_mapping(entry: object, index: int, where: str) -> FaultRule:

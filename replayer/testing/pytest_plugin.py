@@ -42,3 +42,44 @@ def emulator_factory(tmp_path: Path) -> Iterator[EmulatorFactory]:
 @pytest.fixture
 def emulator(emulator_factory: EmulatorFactory) -> EmulatorProcess:
     return emulator_factory(["--speed", "instant"], log_bodies=True)
+
+
+# -- real vLLM (the CPU build, tiny local models) ---------------------------------------
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> Any:
+    """The vLLM CPU environment, installed once into the user's cache; the
+    test is skipped, with the one-line reason, where it cannot be."""
+    from replayer.testing.vllm import VLLMUnavailable, provision
+
+    try:
+        return provision()
+    except VLLMUnavailable as exc:
+        pytest.skip(f"real vLLM unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def vllm_models(vllm_env: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny models (``llama``, ``dsv2``), built from code for this session."""
+    from replayer.testing.vllm import build_models
+
+    return build_models(vllm_env, tmp_path_factory.mktemp("vllm-models"))
+
+
+@pytest.fixture
+def vllm_factory(vllm_env: Any, vllm_models: dict[str, Path], tmp_path: Path) -> Iterator[Any]:
+    """``vllm_factory(model="llama", extra=(), tools=True, environ={})`` starts a
+    real vLLM for this test and returns it ready; all are stopped at teardown."""
+    from replayer.testing.vllm import VLLMServer
+
+    started: list[VLLMServer] = []
+
+    def make(model: str = "llama", **kw: Any) -> VLLMServer:
+        srv = VLLMServer(vllm_env, vllm_models[model], tmp_path / f"vllm{len(started)}.log", **kw)
+        started.append(srv)
+        return srv.start()
+
+    yield make
+    for srv in started:
+        srv.stop()
