@@ -2,7 +2,8 @@
 
 Exit codes: 0 reduced and verified (bundle in OUT/bundle and
 OUT/bundle.tar.gz), 1 not reproducible, 2 usage error, 3 budget exhausted
-(the best bundle so far is written).
+(the best bundle so far is written), 4 the full trace did not exercise the
+server (most requests rejected as client errors: nothing to bisect).
 """
 
 from __future__ import annotations
@@ -285,6 +286,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             server.close()
     if res.status == "not_reproducible":
         return 1
+    if res.status == "not_exercised":
+        return 4
     k, n = res.reproduction
     from replayer.minimize.stats import describe_rate
 

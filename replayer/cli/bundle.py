@@ -8,6 +8,10 @@ upper bound on its rate), 2 usage, 3 if the server would not come up.
 ``soak TRACE`` verifies a fix: N runs of a trace; exit 0 if none crashed
 (the report gives the 95% upper bound on the crash rate, 1 - 0.05^(1/N)),
 1 if any did.
+
+Both refuse (exit 4) as soon as a run's requests were mostly rejected as
+client errors: such a run exercised nothing, and counting it as clean would
+bound a crash rate the server was never asked to show.
 """
 
 from __future__ import annotations
@@ -66,17 +70,31 @@ def register(sub: Any) -> None:
     s.set_defaults(func=cmd_soak)
 
 
+class NotExercised(Exception):
+    """A run's requests were mostly rejected: counting it as clean would lie."""
+
+
 async def _runs(env: Any, rows: list[int], out: Path, n: int, label: str) -> list[Any]:
     results = []
     try:
         for i in range(n):
             res = await env.run(rows, out / f"{i + 1:03d}")
+            if res.unexercised:
+                raise NotExercised(res.unexercised)
             results.append(res)
             cls = f" [{res.failure_class}]" if res.failure_class else ""
             print(f"{label} {i + 1}/{n}: {res.outcome.value}{cls}", file=sys.stderr, flush=True)
     finally:
         await env.target.stop()
     return results
+
+
+def _refuse(cmd: str, exc: NotExercised) -> int:
+    print(f"replayer {cmd}: NOT EXERCISED, refusing to count runs: {exc}", file=sys.stderr)
+    return EXIT_NOT_EXERCISED
+
+
+EXIT_NOT_EXERCISED = 4
 
 
 def _out_dir(given: Path | None, base: Path, prefix: str) -> Path:
@@ -138,7 +156,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         api_key=key,
         chase=chase,
     )
-    results = asyncio.run(_runs(env, rows, out, args.runs, "run"))
+    try:
+        results = asyncio.run(_runs(env, rows, out, args.runs, "run"))
+    except NotExercised as exc:
+        return _refuse("bundle verify", exc)
     counted = [r for r in results if r.outcome is not Outcome.INFRA]
     k = sum(r.outcome is Outcome.MATCH for r in counted)
     other = sum(r.outcome is Outcome.OTHER_FAILURE for r in counted)
@@ -186,7 +207,10 @@ def cmd_soak(args: argparse.Namespace) -> int:
         reset=reset_mode(args.reset),
         api_key=key,
     )
-    results = asyncio.run(_runs(env, rows, out, args.runs, "soak"))
+    try:
+        results = asyncio.run(_runs(env, rows, out, args.runs, "soak"))
+    except NotExercised as exc:
+        return _refuse("soak", exc)
     counted = [r for r in results if r.outcome is not Outcome.INFRA]
     crashes = [r for r in counted if r.outcome in (Outcome.MATCH, Outcome.OTHER_FAILURE)]
     print(f"soak {args.trace}: {describe_rate(len(crashes), len(counted))}")

@@ -7,6 +7,10 @@ Launch (or reuse) the target, replay the trace, classify what happened.
 | ``bisect`` (default, ``git bisect run``) | 0 | 1 | 125 (skip) |
 | ``reduce`` (C-Reduce, shrinkray) | 1 | 0 | 1, or ``--also-interesting N`` for other failures |
 
+A run whose requests were mostly rejected as client errors did not exercise
+the server: it exits 128 under ``bisect`` (``git bisect run`` aborts) and 1
+under ``reduce``, with the first rejection on stderr.
+
 Usage errors exit 2 in both. Without ``--signature``, any crash is the
 chased failure; ``--signature REGEX`` pins it to crashes whose signature
 text matches, ``--expect-signature HASH`` to one signature hash.
@@ -227,4 +231,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     if sig is not None:
         print(sig.text)
     print(f"run directory: {out}")
+    if res.unexercised:
+        # not "no failure": git bisect must not call this commit good, nor a
+        # reducer keep going on a trace the server never ran
+        print(f"replayer check: NOT EXERCISED: {res.unexercised}", file=sys.stderr)
+        return NOT_EXERCISED[args.convention]
     return exit_code(res.outcome.value, args.convention, args.also_interesting)
+
+
+NOT_EXERCISED = {"bisect": 128, "reduce": 1}
+"""``git bisect run`` aborts on 128..255; a reducer sees "not interesting"."""

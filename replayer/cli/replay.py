@@ -1,7 +1,8 @@
 """``replayer replay``: a trace against one or more targets, side by side.
 
 Exit codes: 0 every target survived, 1 a target failed, 2 usage or input
-error, 3 a target was unreachable before the first request.
+error, 3 a target was unreachable before the first request, 4 the trace did
+not exercise a target (most requests were rejected as client errors).
 """
 
 from __future__ import annotations
@@ -424,7 +425,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         print(render(outcome.summary))
         print(f"run directory: {out}")
+    _say_unexercised(outcome.summary)
     return outcome.exit_code
+
+
+def _say_unexercised(summary: dict[str, Any]) -> None:
+    from replayer.replay.summary import unexercised_text
+
+    text = unexercised_text(summary)
+    if text:
+        print(f"replayer replay: NOT EXERCISED: {text}", file=sys.stderr)
 
 
 def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
@@ -505,4 +515,5 @@ def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
         if res.signature is not None:
             print(f"  signature {res.signature.hash}: {res.signature.text}")
         print(f"run directory: {out}")
+    _say_unexercised(summary)
     return int(res.run.exit_code)

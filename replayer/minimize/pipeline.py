@@ -66,6 +66,11 @@ class NotReproducible(Exception):
     """Calibration saw no crash of the full trace."""
 
 
+class NotExercised(Exception):
+    """A calibration run's requests were mostly rejected as client errors:
+    the server never ran the trace, so "not reproducible" would be a lie."""
+
+
 @dataclass
 class BisectOptions:
     stages: tuple[str, ...] = STAGES
@@ -114,6 +119,8 @@ class _Runner:
         started = time.time()
         t0 = time.monotonic()
         res = await b.env.run(rows, b.out / rel, policy=policy)
+        if res.unexercised and stage == "calibrate":
+            raise NotExercised(res.unexercised)
         sig = res.signature
         rec = TrialRecord(
             trial=trial,
@@ -574,6 +581,9 @@ class Bisect:
         except NotReproducible as exc:
             self.say(f"== not reproducible: {exc}")
             return BisectResult("not_reproducible", self.best, None, self.oracle.trials)
+        except NotExercised as exc:
+            self.say(f"== NOT EXERCISED, refusing to bisect: {exc}")
+            return BisectResult("not_exercised", self.best, None, self.oracle.trials)
         except BudgetExhausted as exc:
             status = "budget_exhausted"
             self.say(f"== stopped: {exc}; the best repro so far stands")

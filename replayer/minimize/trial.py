@@ -25,9 +25,10 @@ from replayer.errors import LaunchError, TargetError
 from replayer.minimize.oracle import Outcome
 from replayer.monitor.signature import Signature, matches_regex, signature_from_log
 from replayer.monitor.watch import WatchConfig
-from replayer.replay.client import Target
+from replayer.replay.client import Target, is_client_error
 from replayer.replay.policy import ReplayPolicy
 from replayer.replay.run import EXIT_UNREACHABLE, RunOutcome, replay_to_dir
+from replayer.replay.summary import rejection_text
 from replayer.target.base import ResetMode, ServerTarget
 from replayer.trace.reader import Trace
 
@@ -88,6 +89,9 @@ class TrialResult:
     message: str | None = None
     failure: dict[str, Any] | None = None
     client_errors: frozenset[str] = frozenset()
+    unexercised: str | None = None
+    """Most requests were rejected (4xx): what the run says about it. Such a
+    run shows nothing about the crash, so nothing may start from it."""
 
 
 @dataclass
@@ -184,12 +188,17 @@ class TrialEnv:
         errors = frozenset(
             r.request_id
             for r in (run.replay.runs[self.name].results if run.replay else [])
-            if r.http_status is not None and 400 <= r.http_status < 500
+            if is_client_error(r)
         )
         f = t["failure"]
         if f is None:
             outcome = Outcome.PASS if errors <= self.expected_4xx else Outcome.INVALID
-            return TrialResult(outcome, run, client_errors=errors)
+            return TrialResult(
+                outcome,
+                run,
+                client_errors=errors,
+                unexercised=None if t["exercised"] else rejection_text(t),
+            )
         self.needs_restart = True
         cls = f.get("class")
         exit_info = self.target.exit_info

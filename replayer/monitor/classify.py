@@ -28,8 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from replayer.monitor.health import Probe
+if TYPE_CHECKING:  # classify stays a leaf: the replay client imports it
+    from replayer.monitor.health import Probe
 
 
 class FailureClass(StrEnum):

@@ -109,8 +109,11 @@ class MetricsScraper:
     writer: MetricsWriter | None
     interval: float = 2.0
     timeout: float = 5.0
+    final_timeout: float = 2.0
     t0: float = 0.0
     last: dict[str, Scrape] = field(default_factory=dict)
+    first: dict[str, Scrape] = field(default_factory=dict)
+    """The first scrape of each source: counters over the run are last - first."""
     history: dict[str, list[Scrape]] = field(default_factory=dict)
     keep: int = 8
     errors: int = 0
@@ -130,6 +133,7 @@ class MetricsScraper:
                 continue
             s = Scrape(t=t, source=url, text=text)
             self.last[url] = s
+            self.first.setdefault(url, s)
             hist = self.history.setdefault(url, [])
             hist.append(s)
             del hist[: -self.keep]
@@ -148,6 +152,27 @@ class MetricsScraper:
                 await self.scrape_once(session)
                 await wait_event(stop, self.interval)
 
+    async def final(self) -> None:
+        """One last scrape when the replay ends (bounded by ``final_timeout``):
+        the run's counters then cover every request."""
+        if not self.sources:
+            return
+        keep, self.timeout = self.timeout, self.final_timeout
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
+                await self.scrape_once(session)
+        finally:
+            self.timeout = keep
+
+    def counter_delta(self, url: str, name: str) -> float | None:
+        """How much a counter (summed over its label sets) grew from the first
+        scrape of ``url`` to the last; None without two scrapes or the name."""
+        first, last = self.first.get(url), self.last.get(url)
+        if first is None or last is None or first is last:
+            return None
+        a, b = counter_sum(first.text, name), counter_sum(last.text, name)
+        return None if a is None or b is None else b - a
+
     def before(self, t: float) -> dict[str, Scrape]:
         """The last scrape of each source taken at or before ``t``."""
         out: dict[str, Scrape] = {}
@@ -156,6 +181,19 @@ class MetricsScraper:
             if prior:
                 out[url] = prior[-1]
         return out
+
+
+def counter_sum(text: str, name: str) -> float | None:
+    """The sum of every sample named ``name`` (``..._total``) in an exposition."""
+    total, seen = 0.0, False
+    try:
+        for n, _, v in parse_samples(text):
+            if n == name:
+                total += v
+                seen = True
+    except ValueError:
+        return None
+    return total if seen else None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -244,6 +244,19 @@ class TargetWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self.health.close()
+        if self.failed_at is None and self.config.scrape_target:
+            await self.scraper.final()
+
+    def prefix_cache(self) -> dict[str, float] | None:
+        """Prefix-cache hits and queries (tokens) over the run, from the
+        server's own counters: vLLM reports per-request cached tokens only
+        with ``--enable-prompt-tokens-details``, its counters always."""
+        url = self.url.rstrip("/") + "/metrics"
+        hits = self.scraper.counter_delta(url, "vllm:prefix_cache_hits_total")
+        queries = self.scraper.counter_delta(url, "vllm:prefix_cache_queries_total")
+        if hits is None or queries is None:
+            return None
+        return {"hits": hits, "queries": queries}
 
     def report(
         self,

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from replayer.monitor.classify import is_engine_death_message
 from replayer.replay.results import Result, Status
 from replayer.replay.sse import SSEDecoder, StreamStats
 
@@ -195,8 +196,8 @@ async def send(
                         stats.event(data, now)
                 if stats.error is not None:
                     result.status = Status.HTTP_ERROR
-                    result.error_class = "stream_error"
                     result.error = str(stats.error.get("message", stats.error))[:2000]
+                    result.error_class = stream_error_class(stats.error, result.error)
                 elif not stats.done:
                     result.status = Status.TRANSPORT_ERROR
                     result.error_class = "stream_cut"
@@ -252,10 +253,36 @@ async def send(
     return stats
 
 
+def stream_error_class(error: dict[str, Any], message: str) -> str:
+    """``stream_error`` (the server failed), or ``stream_4xx`` for a client
+    error vLLM reports inside a 200 stream (an out-of-vocabulary token id, a
+    bad parameter found after the headers went out: ../shared/REAL-VLLM.md
+    D1). An engine-death message wins whatever its code: older vLLM sent
+    those as 400."""
+    code = error.get("code")
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    if isinstance(code, int) and 400 <= code < 500 and not is_engine_death_message(message):
+        return f"stream_{code}"
+    return "stream_error"
+
+
+def is_client_error(r: Result) -> bool:
+    """The request was rejected as the client's fault (a 4xx status, or a 4xx
+    error event inside a 200 stream): recorded, never a crash."""
+    if r.status is not Status.HTTP_ERROR:
+        return False
+    if r.http_status is not None and 400 <= r.http_status < 500:
+        return True
+    return (r.error_class or "").startswith("stream_4")
+
+
 def is_target_failure(r: Result) -> bool:
     """Server-side failures stop a replay; a 4xx is the client's doing."""
     if r.status in (Status.TRANSPORT_ERROR, Status.TIMEOUT):
         return r.error_class != "client_resources"
     if r.status is Status.HTTP_ERROR:
-        return r.error_class == "stream_error" or (r.http_status or 0) >= 500
+        return not is_client_error(r) and (
+            r.error_class == "stream_error" or (r.http_status or 0) >= 500
+        )
     return False

@@ -98,6 +98,8 @@ class TargetRun:
     inflight_map: dict[int, InFlight] = field(default_factory=dict)
     watch: TargetWatch | None = None
     report: FailureReport | None = None
+    prefix_cache: dict[str, float] | None = None
+    """Prefix-cache hits and queries over the run, from the target's /metrics."""
     aborting: bool = False
     interrupted: bool = False
     """The replay itself was interrupted (Ctrl-C, SIGTERM), not the target."""
@@ -351,6 +353,7 @@ class Replay:
                 )
         finally:
             await w.stop()
+            run.prefix_cache = w.prefix_cache()
 
     async def _tick(self) -> None:
         while True:

@@ -37,7 +37,7 @@ from replayer.trace.tokens import TokenSpace
 if TYPE_CHECKING:
     from replayer.telemetry import LiveMetrics
 
-EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
+EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_NOT_EXERCISED = 0, 1, 3, 4
 EXIT_INTERRUPTED = 130
 
 
@@ -175,18 +175,37 @@ async def replay_to_dir(
     run_info["t0_offset_note"] = "result times are microseconds after T0"
     _write_json(out / "run.json", run_info)
     targets_summary = {
-        name: summarize_target(run.results, run.failure, run.report)
+        name: summarize_target(run.results, run.failure, run.report, run.prefix_cache)
         for name, run in replay.runs.items()
     }
+    for t in targets_summary.values():
+        _hint_rejection(trace, policy, t)
     failed = any(t["failed"] for t in targets_summary.values())
-    code = EXIT_FAILED if failed else EXIT_OK
+    unexercised = [n for n, t in targets_summary.items() if not t["exercised"]]
+    code = EXIT_FAILED if failed else EXIT_NOT_EXERCISED if unexercised else EXIT_OK
     summary = {"exit_code": EXIT_INTERRUPTED if interrupted else code, "targets": targets_summary}
+    summary["exercised"] = not unexercised
     if interrupted:
         summary["interrupted"] = True
     _write_json(out / "summary.json", summary)
     if interrupted:
         raise asyncio.CancelledError
     return RunOutcome(code, summary, out, replay)
+
+
+def _hint_rejection(trace: Trace, policy: ReplayPolicy, t: dict[str, Any]) -> None:
+    """An out-of-vocabulary rejection of a blocks request names the token
+    range that made its ids (the trace's default fits no small vocabulary)."""
+    f = t.get("first_rejection")
+    if not f or "vocabulary" not in (f.get("message") or "").lower():
+        return
+    if trace.column("kind")[trace.row_of(f["request_id"])] != "blocks":
+        return
+    lo, hi = trace.tokens.lo, trace.tokens.hi  # policy.token_range is applied already
+    f["hint"] = (
+        f"blocks requests carry token ids from --token-range {lo}:{hi}; pass a range "
+        "inside the model's vocabulary, e.g. --token-range 100:VOCAB_SIZE"
+    )
 
 
 def _write_json(path: Path, obj: Any) -> None:

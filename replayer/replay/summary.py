@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replayer.monitor.watch import FailureReport
+from replayer.replay.client import is_client_error
 from replayer.replay.engine import Failure
 from replayer.replay.results import Result, Status
 from replayer.trace.stats import percentile
@@ -36,11 +37,15 @@ def _dist_ms(values_us: Sequence[int]) -> dict[str, float | None]:
 
 
 def summarize_target(
-    results: Sequence[Result], failure: Failure | None, report: FailureReport | None = None
+    results: Sequence[Result],
+    failure: Failure | None,
+    report: FailureReport | None = None,
+    prefix_cache: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     counts = Counter(r.status.value for r in results)
     sent = [r for r in results if r.seq is not None]
     ok = [r for r in sent if r.status is Status.OK]
+    rejected = [r for r in sent if is_client_error(r)]
     ttft = [
         r.first_token_us - r.dispatched_us
         for r in ok
@@ -73,9 +78,54 @@ def summarize_target(
         "e2e_ms": _dist_ms(e2e),
         "lag_ms": _dist_ms(lag),
         "prompt_tokens": sum(r.prompt_tokens or 0 for r in ok),
-        "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
         "completion_tokens": out_tokens,
+        "client_errors": len(rejected),
+        "exercised": exercised(len(sent), len(rejected)),
+        "first_rejection": _rejection(min(rejected, key=_seq)) if rejected else None,
+        **_cached(ok, prefix_cache),
     }
+
+
+def exercised(sent: int, rejected: int) -> bool:
+    """A run whose requests were mostly rejected (4xx) did not exercise the
+    target: it neither survived nor reproduced anything."""
+    return not (sent and rejected * 2 > sent)
+
+
+def _seq(r: Result) -> int:
+    return r.seq if r.seq is not None else 1 << 62
+
+
+def _rejection(r: Result) -> dict[str, Any]:
+    return {
+        "request_id": r.request_id,
+        "seq": r.seq,
+        "http_status": r.http_status,
+        "error_class": r.error_class,
+        "message": r.error,
+    }
+
+
+def _cached(ok: Sequence[Result], prefix_cache: dict[str, float] | None) -> dict[str, Any]:
+    """Cached prompt tokens: per request when the server reports them (vLLM:
+    ``--enable-prompt-tokens-details``), else the run's prefix-cache counters."""
+    reported = [r for r in ok if r.cached_tokens is not None]
+    if reported:
+        prompt = sum(r.prompt_tokens or 0 for r in reported)
+        cached = sum(r.cached_tokens or 0 for r in reported)
+        return {
+            "cached_tokens": cached,
+            "cached_tokens_source": "responses",
+            "prefix_cache_hit_ratio": round(cached / prompt, 4) if prompt else None,
+        }
+    if prefix_cache is not None:
+        q = prefix_cache["queries"]
+        return {
+            "cached_tokens": int(prefix_cache["hits"]),
+            "cached_tokens_source": "metrics",
+            "prefix_cache_hit_ratio": round(prefix_cache["hits"] / q, 4) if q else None,
+        }
+    return {"cached_tokens": None, "cached_tokens_source": None, "prefix_cache_hit_ratio": None}
 
 
 def _failure(failure: Failure | None, report: FailureReport | None) -> dict[str, Any] | None:
@@ -93,7 +143,13 @@ def render(summary: dict[str, Any]) -> str:
     """The human summary printed after a replay."""
     lines = []
     for name, t in summary["targets"].items():
-        state = "FAILED" if t["failed"] else "survived"
+        state = (
+            "FAILED"
+            if t["failed"]
+            else "NOT EXERCISED"
+            if not t.get("exercised", True)
+            else "survived"
+        )
         lines.append(
             f"{name}: {state}  sent {t['sent']:,}/{t['requests']:,}  "
             + "  ".join(f"{k} {v:,}" for k, v in t["status"].items())
@@ -108,6 +164,15 @@ def render(summary: dict[str, Any]) -> str:
             if f.get("inflight"):
                 more = " ..." if len(f["inflight"]) > 8 else ""
                 lines.append(f"  in flight then: {', '.join(f['inflight'][:8])}{more}")
+        if t.get("first_rejection"):
+            lines.append("  " + rejection_text(t))
+        if t.get("cached_tokens_source"):
+            ratio = t["prefix_cache_hit_ratio"]
+            lines.append(
+                f"  cached {t['cached_tokens']:,} prompt tokens"
+                + (f" ({ratio:.1%} hit ratio)" if ratio is not None else "")
+                + (" from the server's /metrics" if t["cached_tokens_source"] == "metrics" else "")
+            )
         lines.append(f"  ttft {_dist_text(t['ttft_ms'])}")
         lines.append(f"  e2e  {_dist_text(t['e2e_ms'])}")
         lines.append(f"  lag  {_dist_text(t['lag_ms'])}")
@@ -117,6 +182,30 @@ def render(summary: dict[str, Any]) -> str:
                 f"{t['output_tokens_per_s']:,.0f} output tok/s over {t['span_s']:.2f} s"
             )
     return "\n".join(lines)
+
+
+def unexercised_text(summary: dict[str, Any]) -> str | None:
+    """The loud line for a run that did not exercise a target, or None."""
+    for name, t in summary.get("targets", {}).items():
+        if not t.get("exercised", True) and not t.get("failed"):
+            return f"target {name}: {rejection_text(t)}"
+    return None
+
+
+def rejection_text(t: dict[str, Any]) -> str:
+    """One line: how many requests were rejected, and the first rejection."""
+    f = t["first_rejection"]
+    status = (
+        f"HTTP {f['http_status']}"
+        if f["error_class"].startswith("http_")
+        else (f"an error event ({f['error_class']}) inside a 200 stream")
+    )
+    head = (
+        f"{t['client_errors']:,} of {t['sent']:,} requests were rejected as client errors "
+        + ("(the trace did not exercise the target)" if not t.get("exercised", True) else "")
+    ).rstrip()
+    text = f"{head}; first: {f['request_id']} got {status}: {(f['message'] or '')[:300]}"
+    return text + (f" [{f['hint']}]" if f.get("hint") else "")
 
 
 def _dist_text(v: dict[str, Any]) -> str:
