@@ -8,10 +8,16 @@ Standard library only: copy the bundle anywhere and run
 It sends the requests of ``requests.jsonl`` in their recorded order and
 timing (each request no earlier than its recorded offset, and never before
 the previous turn of its session has completed plus its recorded think
-gap), streaming, with ``X-Request-Id`` set to the trace request id. It exits
-1 if the server failed (connection refused or reset, a 5xx, an error event
-inside a stream, a stream cut before ``[DONE]``, a timeout), 0 if every
-request completed, 2 on bad usage; it prints what happened to each request.
+gap), streaming, with ``X-Request-Id`` set to the trace request id; a bundle
+made in ``admitted`` order also waits for each response's headers before the
+next request, so the engine admits them in order. It exits 1 if the server
+failed (connection refused or reset, a 5xx, a server error event inside a
+stream, a stream cut before ``[DONE]``, a timeout), 0 if every request
+completed, 2 on bad usage, 4 if most requests were rejected as client
+errors (a 4xx, or a 4xx error event inside a stream: vLLM's way for an
+out-of-vocabulary token): then the server never ran the repro, so "no
+failure" would say nothing. Bodies name the model the bisect replayed with
+(the bundle's policy), unless ``--model`` says otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +34,17 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ENGINE_DEATH = (
+    "The server had an error while processing your request.",
+    "EngineCore encountered an issue",
+    "EngineDeadError",
+    "Engine loop has died",
+    "MQLLMEngine is already dead",
+    "Background loop has errored already",
+)
+"""Text of vLLM's engine-death errors, which count as the server failing
+whatever code they carry (older vLLM sent them as 400); kept equal to
+replayer.monitor.classify.ENGINE_DEATH_MESSAGES by a test."""
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -42,8 +59,10 @@ class Result:
         self.http: int | None = None
         self.detail = ""
         self.failed = False
+        self.rejected = False
         self.done = threading.Event()
         self.sent = threading.Event()
+        self.answered = threading.Event()
         self.done_at = 0.0
 
 
@@ -79,12 +98,14 @@ def send(
         finally:
             res.sent.set()
         resp = conn.getresponse()
+        res.answered.set()
         res.http = resp.status
         if resp.status != 200:
             text = resp.read().decode(errors="replace")
             res.status = f"HTTP {resp.status}"
             res.detail = text[:300]
             res.failed = resp.status >= 500
+            res.rejected = 400 <= resp.status < 500
             return
         if "text/event-stream" not in (resp.getheader("Content-Type") or ""):
             resp.read()
@@ -106,9 +127,13 @@ def send(
                 continue
             if isinstance(event, dict) and ("error" in event or event.get("object") == "error"):
                 err = event.get("error", event)
-                res.status = "error event"
                 res.detail = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
-                res.failed = True
+                code = err.get("code") if isinstance(err, dict) else None
+                client = str(code).isdigit() and 400 <= int(str(code)) < 500
+                if client and not any(m in res.detail for m in ENGINE_DEATH):
+                    res.status, res.rejected = f"client error event ({code})", True
+                else:
+                    res.status, res.failed = "error event", True
             else:
                 chunks += 1
         if not res.failed:
@@ -124,6 +149,7 @@ def send(
     finally:
         conn.close()
         res.done_at = time.monotonic() - t0
+        res.answered.set()
         res.done.set()
 
 
@@ -149,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         help="divide recorded times by this (default: the bundle's policy)",
     )
     ap.add_argument("--timing", choices=("recorded", "asap"), default=None)
-    ap.add_argument("--model", default=None, help="replace the model of every body")
+    ap.add_argument(
+        "--model", default=None, help="replace the model of every body (default: the bundle's)"
+    )
     ap.add_argument(
         "--api-key-env", default=None, metavar="VAR", help="send $VAR as the bearer token"
     )
@@ -167,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     if manifest.exists():
         policy = json.loads(manifest.read_text()).get("policy", {})
     speed = args.speed or float(policy.get("speed", 1.0))
+    args.model = args.model or policy.get("model")
     timing = args.timing or ("asap" if policy.get("timing") == "asap" else "recorded")
+    admitted = policy.get("order") == "admitted"
     try:
         rows = load(args.requests)
     except (OSError, ValueError, KeyError) as exc:
@@ -198,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         th = threading.Thread(target=send, args=(url, row, results[i], args, t0), daemon=True)
         th.start()
         threads.append(th)
-        results[i].sent.wait(args.timeout)  # strict order: on the wire before the next
+        # strict order: on the wire before the next; admitted: taken by the engine
+        (results[i].answered if admitted else results[i].sent).wait(args.timeout)
         last[row["session_id"]] = i
     for th in threads:
         th.join(args.timeout + 5)
@@ -212,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
             f"/health now: {health(url)}"
         )
         return 1
+    rejected = [r for r in results if r.rejected]
+    if len(rejected) * 2 > len(results):
+        print(
+            f"\nNOT EXERCISED: {len(rejected)} of {len(rows)} requests were rejected as client "
+            f"errors, first {rejected[0].rid}: {rejected[0].status}: {rejected[0].detail}"
+        )
+        return 4
     print(f"\nno failure: all {len(rows)} requests completed; /health: {health(url)}")
     return 0
 

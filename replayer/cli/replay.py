@@ -28,9 +28,11 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--order",
-        choices=("strict", "session"),
+        choices=("strict", "admitted", "session"),
         default="strict",
-        help="strict: dispatch in trace order (default); session: per session only",
+        help="strict: the server receives trace order (default); admitted: also wait for "
+        "each stream's response headers, so the engine admits trace order; session: "
+        "per session only",
     )
     g.add_argument(
         "--speed",

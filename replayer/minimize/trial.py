@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from replayer.telemetry import LiveMetrics
 
 
+EXIT_WAIT = 15.0
+"""Seconds a trial waits for a server that stopped listening to exit."""
+
+
 class _Alive:
     """A lifecycle target seen as the monitor's process probe."""
 
@@ -202,6 +206,10 @@ class TrialEnv:
         self.needs_restart = True
         cls = f.get("class")
         exit_info = self.target.exit_info
+        if exit_info is None and cls == "process_exit":
+            # the port closed before the process finished exiting: its status
+            # belongs in the signature, and comes within seconds
+            exit_info = await self.target.exit_after(EXIT_WAIT)
         log = await self.target.collect_log()
         ids = [self.trace.column("request_id")[r] for r in rows]
         sig = None

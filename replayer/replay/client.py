@@ -160,12 +160,14 @@ async def send(
     request_timeout: float,
     keep_text: bool = False,
     sent: asyncio.Future[None] | None = None,
+    answered: asyncio.Future[None] | None = None,
     stats: StreamStats | None = None,
 ) -> StreamStats:
     """Send one request and fill ``result`` (times relative to ``t0``).
 
     ``sent`` resolves once the body is handed to the transport (needs a
-    session made with :func:`sent_tracing`), or when the request ends."""
+    session made with :func:`sent_tracing`), ``answered`` once the response
+    headers are in; both resolve when the request ends, whatever happened."""
     loop = asyncio.get_running_loop()
     stats = stats if stats is not None else StreamStats()
     if keep_text:
@@ -182,6 +184,8 @@ async def send(
         ):
             started = True
             result.first_byte_us = us(loop.time())
+            if answered is not None and not answered.done():
+                answered.set_result(None)
             result.http_status = resp.status
             if resp.status != 200:
                 payload = await resp.read()
@@ -234,8 +238,9 @@ async def send(
         result.status = Status.TRANSPORT_ERROR
         result.error_class = "client"
         result.error = _describe(exc)
-    if sent is not None and not sent.done():
-        sent.set_result(None)
+    for fut in (sent, answered):
+        if fut is not None and not fut.done():
+            fut.set_result(None)
     result.done_us = us(loop.time())
     if stats.first_token is not None:
         result.first_token_us = us(stats.first_token)

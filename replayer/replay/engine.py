@@ -235,9 +235,7 @@ class Replay:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
-                trace_configs=[client.sent_tracing()]
-                if self.policy.order is Order.STRICT
-                else None,
+                trace_configs=[client.sent_tracing()] if self.policy.order.global_order else None,
             )
             run = TargetRun(
                 target=t,
@@ -267,7 +265,7 @@ class Replay:
             self.started = True
             async with asyncio.TaskGroup() as tg:
                 for run in self.runs.values():
-                    if self.policy.order is Order.STRICT:
+                    if self.policy.order.global_order:
                         tg.create_task(
                             self._dispatch_strict(run), name=f"dispatch-{run.target.name}"
                         )
@@ -430,6 +428,7 @@ class Replay:
 
     async def _dispatch_strict(self, run: TargetRun) -> None:
         plan, policy = self.plan, self.policy
+        admitted = policy.order is Order.ADMITTED
         last = 0.0  # when the previous request in trace order was due
         for i in range(len(plan)):
             if run.stopped.is_set():
@@ -452,13 +451,18 @@ class Replay:
                 if run.stopped.is_set():
                     run.slots.release()
                     return
-            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            task = spawn(self._send(run, i, at, body, sent), name=f"send-{run.target.name}-{i}")
+            loop = asyncio.get_running_loop()
+            sent: asyncio.Future[None] = loop.create_future()
+            answered = loop.create_future() if admitted else None
+            task = spawn(
+                self._send(run, i, at, body, sent, answered), name=f"send-{run.target.name}-{i}"
+            )
             run.tasks.add(task)
             task.add_done_callback(run.tasks.discard)
             # the next request goes only once this one's bytes are on the wire,
-            # so the server sees trace order even across connections
-            await sent
+            # so the server sees trace order even across connections; admitted
+            # order waits for its response headers: the engine has taken it
+            await (answered if answered is not None else sent)
             last = at
 
     async def _dispatch_sessions(self, run: TargetRun) -> None:
@@ -513,6 +517,7 @@ class Replay:
         at: float,
         body: bytes,
         sent: asyncio.Future[None] | None = None,
+        answered: asyncio.Future[None] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         row = self.plan.rows[i]
@@ -542,6 +547,7 @@ class Replay:
                 request_timeout=self.policy.request_timeout,
                 keep_text=self.policy.save_output or self.policy.mode is Mode.LIVE,
                 sent=sent,
+                answered=answered,
                 stats=stats,
             )
         except asyncio.CancelledError:
@@ -555,8 +561,9 @@ class Replay:
                 r.error_class = "hang"
                 r.error = "aborted: the target stopped making progress"
             r.done_us = round((loop.time() - self.t0) * 1e6)
-            if sent is not None and not sent.done():
-                sent.set_result(None)
+            for fut in (sent, answered):
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
         finally:
             run.inflight -= 1
             run.inflight_map.pop(i, None)

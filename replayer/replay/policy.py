@@ -14,11 +14,17 @@ request and divided by ``speed``:
 * ``asap``: no waiting beyond dependencies; every session starts at once.
 
 ``strict`` order (default): a request is never dispatched before every
-earlier request of the trace has been; ``session`` order keeps only each
-session's own order. The schedule of a request is the time it became
-eligible: its own dependencies met and, in strict order, no earlier than
-the previous request's schedule. Its lag is dispatch minus schedule, the
-replayer's own lateness (it accumulates if the replayer falls behind).
+earlier request of the trace has been (its body is on the wire before the
+next is sent), so the server *receives* trace order; ``admitted`` also waits
+for the previous request's response headers (or its end) before sending the
+next: vLLM sends a stream's headers after templating and tokenization, just
+before the engine's ``add_request``, so the *engine* admits trace order even
+where parallel renderer workers would let short prompts overtake long ones;
+``session`` order keeps only each session's own order. The schedule of a
+request is the time it became eligible: its own dependencies met and, in
+strict order, no earlier than the previous request's schedule. Its lag is
+dispatch minus schedule, the replayer's own lateness (it accumulates if the
+replayer falls behind).
 """
 
 from __future__ import annotations
@@ -36,7 +42,14 @@ class Timing(StrEnum):
 
 class Order(StrEnum):
     STRICT = "strict"
+    ADMITTED = "admitted"
+    """Strict, paced on the previous request's response headers."""
     SESSION = "session"
+
+    @property
+    def global_order(self) -> bool:
+        """One dispatcher walks the plan in trace order."""
+        return self is not Order.SESSION
 
 
 class Mode(StrEnum):

@@ -205,6 +205,18 @@ class ServerTarget:
     def alive(self) -> bool | None:
         return None
 
+    async def exit_after(self, within: float) -> ExitInfo | None:
+        """How the process ended, waiting up to ``within`` seconds for it to
+        go; None when it is not ours or still runs (vLLM's API server exits
+        seconds after its engine died, and the signature wants its status)."""
+        if self.alive() is not True:
+            return self.exit_info
+        event = self._exit_event()
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), within)
+        return self.exit_info
+
     async def start(self) -> None:
         """Nothing to start: the server is someone else's."""
 

@@ -12,9 +12,10 @@ layers of the DeepSeek/Kimi family.
 
 * ``llama``: ``LlamaForCausalLM``, 2 layers, hidden 128, 4 heads / 2 KV heads.
 * ``dsv2``: ``DeepseekV2ForCausalLM``, 2 layers (the first dense), 4 routed
-  experts + 1 shared, top-2, ``kv_lora_rank`` 512, rope 64, nope 32, v 32
-  (smaller MLA dimensions start but die on the first request: "Head
-  dimension 80 is not supported by MLA").
+  experts + 1 shared, top-2 in one expert group, ``kv_lora_rank`` 512, rope
+  64, nope 32, v 32 (smaller MLA dimensions start but die on the first
+  request: "Head dimension 80 is not supported by MLA"; without ``n_group``
+  and ``topk_group`` the CPU MoE router asserts on the first real batch).
 
 The chat template renders string and list content, ``tools`` and assistant
 ``tool_calls``, so agent traces with tools are accepted as they are.
@@ -121,6 +122,10 @@ def build(out: Path) -> None:
                 n_routed_experts=4,
                 n_shared_experts=1,
                 num_experts_per_tok=2,
+                # vLLM routes DeepSeek-V2 with grouped top-k and reads these:
+                # left None, its CPU router asserts on the first real batch
+                n_group=1,
+                topk_group=1,
                 first_k_dense_replace=1,
                 kv_lora_rank=512,
                 q_lora_rank=None,

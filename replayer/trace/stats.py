@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from replayer.trace.reader import Trace
@@ -70,6 +70,60 @@ def inspect_trace(trace: Trace) -> dict[str, Any]:
     }
 
 
+def prefix_cache_figures(trace: Trace, block_size: int) -> dict[str, Any]:
+    """``inspect --prefix-cache B``: the ideal hit ratio of the blocks rows."""
+    kinds = trace.column("kind")
+    rows = [r for r in trace.order if kinds[r] == "blocks"]
+    if not rows:
+        return {"block_size": block_size, "requests": 0, "hit_ratio": None}
+    hits = ideal_prefix_hits(trace, rows, block_size)
+    prompt = sum(trace.column("input_tokens")[r] for r in rows)
+    return {
+        "block_size": block_size,
+        "requests": len(rows),
+        "prompt_tokens": prompt,
+        "hit_tokens": sum(hits),
+        "hit_ratio": round(sum(hits) / prompt, 4) if prompt else None,
+    }
+
+
+def prefix_cache_hits(prompts: Iterable[Sequence[int]], block_size: int) -> list[int]:
+    """Per prompt, in order, the tokens an ideal prefix cache would serve: a
+    cache that never evicts, holds every full ``block_size``-token block it
+    has computed, and (as vLLM does) never serves a prompt's last token, so
+    the hit is the longest run of leading full blocks seen before, each block
+    keyed by every token up to its end. This is what a blocks trace's hash
+    ids promise a server with that block size, and what a replay is compared
+    with."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    seen: set[int] = set()
+    out: list[int] = []
+    for tokens in prompts:
+        usable = max(0, len(tokens) - 1) // block_size
+        chain, hit, hitting, keys = 0, 0, True, []
+        for i in range(len(tokens) // block_size):
+            chain = hash((chain, tuple(tokens[i * block_size : (i + 1) * block_size])))
+            keys.append(chain)
+            if hitting and i < usable and chain in seen:
+                hit += 1
+            else:
+                hitting = False
+        seen.update(keys)
+        out.append(hit * block_size)
+    return out
+
+
+def ideal_prefix_hits(trace: Trace, rows: Sequence[int], block_size: int) -> list[int]:
+    """:func:`prefix_cache_hits` of the token-id prompts of blocks ``rows``
+    (in the given order, which is the order a strict replay sends them)."""
+    kinds = trace.column("kind")
+    bad = [r for r in rows if kinds[r] != "blocks"]
+    if bad:
+        raise ValueError(f"row {bad[0]} is {kinds[bad[0]]}, not blocks")
+    return prefix_cache_hits((trace.block_tokens(r) for r in rows), block_size)
+
+
 def _fmt_int(v: Any) -> str:
     if v is None:
         return "-"
@@ -109,4 +163,11 @@ def render_text(info: dict[str, Any]) -> str:
         f"expanded     {_fmt_bytes(info['bytes_expanded'])}"
         + (f"  ({info['expansion_ratio']:,.1f}x)" if info["expansion_ratio"] else ""),
     ]
+    pc = info.get("prefix_cache")
+    if pc:
+        ratio = "-" if pc["hit_ratio"] is None else f"{pc['hit_ratio']:.1%}"
+        lines.append(
+            f"prefix cache {ratio} ideal hit ratio at {pc['block_size']}-token blocks"
+            f" ({pc['requests']:,} blocks requests, never evicting)"
+        )
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from replayer.trace.synth import SynthOptions, write_trace
 MODEL = "moonshotai/Kimi-K3"
 
 
-def make_bundle(tmp_path):
+def make_bundle(tmp_path, policy=None):
     p = tmp_path / "t.arrow"
     write_trace(
         p, SynthOptions(sessions=2, turns=3, context=5_000, max_tokens=4, model=MODEL, seed=9)
@@ -27,7 +27,7 @@ def make_bundle(tmp_path):
         trace_sha256="x" * 64,
         rows=t.order,
         manifest={
-            "policy": {"timing": "asap", "speed": 1.0},
+            "policy": policy or {"timing": "asap", "speed": 1.0},
             "signature": None,
             "prefix_length": 6,
         },
@@ -86,3 +86,32 @@ def test_repro_bad_usage(tmp_path):
     res = repro(b, "localhost:8000")
     assert res.returncode == 2
     assert res.stderr.strip().startswith("repro.py: error: --url must be")
+
+
+def test_repro_knows_every_engine_death_message():
+    """repro.py is standard library only, so it keeps its own copy of vLLM's
+    engine-death texts: the copy must cover the monitor's list."""
+    from replayer.bundle import repro
+    from replayer.monitor.classify import ENGINE_DEATH_MESSAGES
+
+    missing = [
+        m for m in ENGINE_DEATH_MESSAGES if not any(m in d or d in m for d in repro.ENGINE_DEATH)
+    ]
+    assert missing == []
+
+
+def test_repro_sends_the_bundles_model_and_an_all_rejected_run_is_not_exercised(
+    tmp_path, emulator_factory
+):
+    """The bisect replayed with ``--model served``: the bundle does too. A
+    server that rejects every request (another model name) ran nothing:
+    exit 4, never "no failure"."""
+    b = make_bundle(tmp_path, {"timing": "asap", "speed": 1.0, "model": "served"})
+    good = emulator_factory(["--speed", "instant", "--served-model-name", "served"])
+    res = repro(b, good.url)
+    assert res.returncode == 0, res.stdout + res.stderr
+    other = emulator_factory(["--speed", "instant", "--served-model-name", "other"])
+    res = repro(b, other.url)
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert "NOT EXERCISED: 6 of 6 requests were rejected" in res.stdout
+    assert "HTTP 404" in res.stdout

@@ -1,0 +1,119 @@
+"""A real crash, injected into the real engine, bisected to its exact cause.
+
+The rule makes the model runner raise a HIP illegal-memory-access error when
+a new request has a long prompt *and* a large prefix-cache hit, the shape of
+vLLM #50347. Its thresholds are read off a clean replay on the shared server
+(real token counts of the tiny tokenizer): the longest request R, and the
+hit only R's previous turn gives it. So exactly one minimal set exists,
+{R's previous turn, R}: R alone gets no hit, R after the turn before gets
+too little, no other request is that long.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from replayer.replay.results import read_results
+from replayer.testing.vllm import VLLMServer, free_port, serve_command
+
+from .conftest import cli
+
+
+def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh_server(
+    vllm_env, vllm_models, vllm_shared, traces, tmp_path
+):
+    trace = tmp_path / "nine.arrow"
+    res = cli(
+        "synth",
+        *("-o", trace, "--sessions", 3, "--turns", 3, "--context", 3000),
+        *("--system-tokens", 500, "--max-tokens", 16, "--seed", 3),
+    )
+    assert res.returncode == 0, res.stderr
+    vllm_shared.reset_prefix_cache()
+    clean = cli(
+        "replay",
+        trace,
+        *("--target", vllm_shared.url, "--model", vllm_shared.model, "--timing", "asap"),
+        *("--max-inflight", 1, "--out", tmp_path / "clean", "--quiet"),
+    )
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    rows = {r["request_id"]: r for r in read_results(tmp_path / "clean" / "results.arrow")}
+    r = max(rows.values(), key=lambda x: x["prompt_tokens"])
+    session, turn = r["session_id"], r["turn"]
+    prev = next(x for x in rows.values() if x["session_id"] == session and x["turn"] == turn - 1)
+    older = [x for x in rows.values() if x["session_id"] == session and x["turn"] < turn - 1]
+    # preconditions of "exactly one minimal set"
+    assert sorted(x["prompt_tokens"] for x in rows.values())[-2] < r["prompt_tokens"]
+    assert all(x["prompt_tokens"] < r["cached_tokens"] for x in older)
+    rule = (
+        f"raise gpu=hip when prompt_tokens>={r['prompt_tokens']} "
+        f"and cached_tokens>={r['cached_tokens']}"
+    )
+
+    def launch(port: int) -> str:
+        return serve_command(
+            vllm_env,
+            vllm_models["llama"],
+            port,
+            served_name="tiny-llama",
+            extra=("--enforce-eager",),
+            environ={"VLLM_SERVER_DEV_MODE": "1", "REPLAYER_VLLM_FAULTS": rule},
+        )
+
+    out = tmp_path / "bisect"
+    started = time.monotonic()
+    bis = cli(
+        "bisect",
+        trace,
+        *("--launch", launch(free_port()), "--model", "tiny-llama", "--timing", "asap"),
+        *("--out", out, "--calibrate", 1, "--confirm", 1, "--reset", "prefix-cache"),
+        *("--stages", "calibrate,cut,prefix,sessions,turns"),
+        timeout=1200,
+    )
+    took = time.monotonic() - started
+    assert bis.returncode == 0, bis.stdout + bis.stderr
+    manifest = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
+    assert manifest["requests"] == [prev["request_id"], r["request_id"]]
+    assert manifest["signature"]["class"] == "process_exit"
+    assert "Triton Error [HIP]: Code: 700" in manifest["signature"]["text"]
+    trials = [
+        orjson.loads(line)["record"]
+        for line in (out / "journal.jsonl").read_text().splitlines()
+        if orjson.loads(line).get("event") == "trial"
+    ]
+    print(f"\nreal-vLLM bisect: {len(trials)} trials in {took:.0f} s")
+    for t in trials:
+        print(
+            f"  trial {t['trial']} {t['stage']} {t['size']} -> {t['outcome']} {t['duration_s']} s"
+        )
+
+    # the bundle, on a fresh server with the same fault, in one command
+    srv = VLLMServer(
+        vllm_env,
+        vllm_models["llama"],
+        tmp_path / "fresh.log",
+        extra=("--enforce-eager",),
+        environ={"REPLAYER_VLLM_FAULTS": rule},
+        served_name="tiny-llama",
+        port=free_port(),
+    )
+    srv.start()
+    try:
+        repro = subprocess.run(
+            [sys.executable, str(out / "bundle" / "repro.py"), "--url", srv.url],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert repro.returncode == 1, repro.stdout + repro.stderr
+        assert "SERVER FAILED" in repro.stdout
+        assert srv.wait_exit(60) == 0  # vLLM's API server exits 0 after engine death
+    finally:
+        srv.stop()
+    assert "Triton Error [HIP]: Code: 700" in Path(srv.log_path).read_text()

@@ -1,0 +1,191 @@
+"""Servers replayer launches and that die: readiness, clean stop, engine death.
+
+Each test starts its own real vLLM through ``--launch`` (about 40-70 s on two
+cores), so the tier keeps them few. The launch commands carry a unique mark
+in their environment: the tests find the server's processes by it, and prove
+none is left when replayer is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+from replayer.testing.vllm import free_port, serve_command
+
+from .conftest import cli, summary
+
+
+def marked(mark: str) -> list[int]:
+    """Pids whose environment carries ``REPLAYER_TEST_MARK=mark``: the API
+    server. (EngineCore and the workers retitle themselves, which overwrites
+    what /proc shows of their environment: find them by process group.)"""
+    want = f"REPLAYER_TEST_MARK={mark}".encode()
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if want in (proc / "environ").read_bytes().split(b"\0"):
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
+def group(mark: str) -> list[int]:
+    """Every live pid of the marked server's process group."""
+    pgids = set()
+    for pid in marked(mark):
+        with contextlib.suppress(OSError):
+            pgids.add(os.getpgid(pid))
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) in pgids:
+                out.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (this machine's PID 1 may never reap orphans)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def vllm_children() -> set[int]:
+    """Pids of every EngineCore and worker on the machine."""
+    pids = [int(p.name) for p in Path("/proc").glob("[0-9]*")]
+    return {p for p in titled(pids, b"VLLM::") if alive(p)}
+
+
+def titled(pids: list[int], title: bytes) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title):
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def metric(port: int, name: str) -> float | None:
+    import http.client
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+        conn.close()
+    except OSError:
+        return None
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith((name + "{", name + " "))
+    )
+
+
+def test_launch_waits_for_ready_rejected_run_is_not_exercised_and_stops_clean(
+    vllm_env, vllm_models, traces, tmp_path
+):
+    """A server started without tool calling rejects every body that carries
+    tools (vLLM defaults tool_choice to "auto"): the replay is NOT EXERCISED,
+    exit 4, not "survived". The server came up before the first request and
+    its whole process group is gone afterwards."""
+    mark = uuid.uuid4().hex
+    port = free_port()
+    before = vllm_children()
+    cmd = serve_command(
+        vllm_env,
+        vllm_models["llama"],
+        port,
+        tools=False,
+        served_name="tiny-llama",
+        environ={"REPLAYER_TEST_MARK": mark},
+    )
+    run = tmp_path / "run"
+    res = cli(
+        "replay",
+        traces["chat"],
+        *("--launch", cmd, "--model", "tiny-llama", "--timing", "asap"),
+        *("--out", run, "--quiet"),
+        timeout=600,
+    )
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert "16 of 16 requests were rejected" in res.stderr
+    assert '"auto" tool choice requires --enable-auto-tool-choice' in res.stderr
+    info = orjson.loads((run / "run.json").read_bytes())
+    assert info["target_facts"]["target"]["models"] == ["tiny-llama"]
+    t = summary(run)["targets"]["target"]
+    assert t["status"] == {"http_error": 16} and t["first_rejection"]["http_status"] == 400
+    log = (run / "server.log").read_text()
+    assert "Application startup complete" in log
+    assert marked(mark) == []  # the API server is gone
+    assert vllm_children() <= before  # and its EngineCore and worker
+
+
+def test_kill_9_of_engine_core_is_process_exit_with_requests_named(
+    vllm_env, vllm_models, traces, tmp_path
+):
+    """SIGKILL of EngineCore mid-replay on the MLA + MoE model: open streams
+    end with vLLM's error event, the API server exits 0 a few seconds later.
+    replayer calls it process_exit, names the failing request and the ones in
+    flight, and the signature has the exit status."""
+    mark = uuid.uuid4().hex
+    port = free_port()
+    cmd = serve_command(
+        vllm_env,
+        vllm_models["dsv2"],
+        port,
+        served_name="tiny-dsv2",
+        extra=("--enforce-eager",),
+        environ={"REPLAYER_TEST_MARK": mark},
+    )
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replayer", "replay", str(traces["tau2"])]
+        + ["--launch", cmd, "--model", "tiny-dsv2", "--timing", "asap"]
+        + ["--sessions", "0..5", "--order", "session", "--out", str(run), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline and proc.poll() is None:
+            done = metric(port, "vllm:request_success_total")
+            if done is not None and done >= 3:
+                break
+            time.sleep(0.5)  # a bounded poll: the server is loading, then serving
+        assert proc.poll() is None, proc.communicate()
+        members = group(mark)
+        cores = titled(members, b"VLLM::EngineCore")
+        assert len(cores) == 1, members
+        os.kill(cores[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    f = summary(run)["targets"]["target"]["failure"]
+    assert f["class"] == "process_exit"
+    assert f["request_id"] is not None
+    assert f["inflight"], "requests in flight at the kill are named"
+    sig = orjson.loads((run / "signature.json").read_bytes())
+    assert sig["failure_class"] == "process_exit"
+    assert sig["exit"] == "code 0"  # vLLM's API server exits 0 after engine death
+    assert not [p for p in members if alive(p)]
