@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("trace_storage", "emulator", "record", "replay", "bisect", "serve")
+BENCHES = ("trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm")
 OUT = Path(__file__).resolve().parent / "out"
 
 

@@ -35,9 +35,15 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where to write")
+    p.add_argument("--out", type=Path, default=None, help="where to write (runs/demo[-vllm])")
     p.add_argument("--trace", type=Path, default=DEMO_TRACE, help="trace to replay")
     p.add_argument("--fault", default=DEMO_FAULT, help="the emulator fault to hide")
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="the same story on a real vLLM (the CPU build, installed once into the "
+        "user's cache) with the crash plugin; a few minutes",
+    )
     p.set_defaults(func=cmd_demo)
 
 
@@ -69,6 +75,13 @@ def _emulator(fault: str | None) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import shutil
+
+    if args.vllm:
+        from replayer.cli.demo_vllm import demo_vllm
+
+        args.out = args.out or Path("runs/demo-vllm")
+        return demo_vllm(args)
+    args.out = args.out or Path("runs/demo")
 
     from replayer.minimize.pipeline import (
         Bisect,

@@ -109,7 +109,7 @@ class MetricsScraper:
     writer: MetricsWriter | None
     interval: float = 2.0
     timeout: float = 5.0
-    final_timeout: float = 2.0
+    final_timeout: float = 5.0
     t0: float = 0.0
     last: dict[str, Scrape] = field(default_factory=dict)
     first: dict[str, Scrape] = field(default_factory=dict)
@@ -151,6 +151,28 @@ class MetricsScraper:
             while not stop.is_set():
                 await self.scrape_once(session)
                 await wait_event(stop, self.interval)
+
+    async def prime(self) -> None:
+        """One scrape before the anchor is set (bounded by ``final_timeout``):
+        the run's counters then start from what the server had counted
+        before the first request, not from whenever the first periodic scrape
+        got through. :meth:`anchor` dates and writes it."""
+        if not self.sources:
+            return
+        writer, self.writer, self.t0 = self.writer, None, 0.0
+        try:
+            await self.final()
+        finally:
+            self.writer = writer
+
+    def anchor(self, t0: float) -> None:
+        """Set the anchor; a primed scrape becomes the first row, dated before it."""
+        for s in list(self.first.values()):
+            if s.t > 0:  # primed: absolute loop time
+                s.t -= t0
+                if self.writer is not None:
+                    self.writer.add(s)
+        self.t0 = t0
 
     async def final(self) -> None:
         """One last scrape when the replay ends (bounded by ``final_timeout``):

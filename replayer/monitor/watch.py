@@ -136,10 +136,15 @@ class TargetWatch:
         sources = ([self.url.rstrip("/") + "/metrics"] if c.scrape_target else []) + list(c.scrape)
         self.scraper = MetricsScraper(sources, self.writer, interval=c.scrape_interval)
 
+    async def prime(self) -> None:
+        """Before T0: the target's counters as they stand (see MetricsScraper.prime)."""
+        if self.config.scrape_target:
+            await self.scraper.prime()
+
     def start(self, t0: float) -> None:
         self.t0 = t0
         self.health.t0 = t0
-        self.scraper.t0 = t0
+        self.scraper.anchor(t0)
         self._tasks = [
             spawn(self._health_loop(), name=f"health-{self.name}"),
             spawn(self._watchdog(), name=f"watchdog-{self.name}"),

@@ -257,6 +257,8 @@ class Replay:
                 run.watch = self._make_watch(run)
         ticker = spawn(self._tick(), name="replay-progress") if self.on_tick else None
         try:
+            watches = [r.watch for r in self.runs.values() if r.watch is not None]
+            await asyncio.gather(*(w.prime() for w in watches))
             # T0 after every set-up step: no request is late because of start-up.
             self.t0 = loop.time() + 0.005
             for run in self.runs.values():

@@ -294,6 +294,61 @@ def build_models(env: VLLMEnv, out: Path, *, timeout: float = 300.0) -> dict[str
     return done
 
 
+# -- a fault to find ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheHitFault:
+    """A plugin rule that only one pair of requests of a trace can trigger."""
+
+    rule: str
+    """``raise gpu=hip when prompt_tokens>=P and cached_tokens>=C``."""
+    trigger: str
+    """The request that crashes the engine (the longest prompt)."""
+    culprits: tuple[str, ...]
+    """The exact minimal set: the trigger's previous turn, then the trigger."""
+
+
+def cache_hit_fault(results: Sequence[Mapping[str, object]], gpu: str = "hip") -> CacheHitFault:
+    """The shape of vLLM #50347 (a long prefill on a large prefix-cache hit),
+    fitted to a clean replay's ``results`` (one request in flight, per-request
+    cached tokens: real token counts of the model's own tokenizer).
+
+    The trigger R is the longest prompt; C is the hit its previous turn gives
+    it. R alone hits nothing, R after an older turn hits less than C (their
+    prompts are shorter than C), no other request is as long: so {previous
+    turn, R} is the one minimal crashing set. Raises ValueError when the
+    trace has no such shape."""
+    rows = [r for r in results if r.get("status") == "ok"]
+
+    def num(r: Mapping[str, object], key: str) -> int:
+        v = r.get(key)
+        if not isinstance(v, int):
+            raise ValueError(f"request {r.get('request_id')} has no {key}")
+        return v
+
+    if not rows:
+        raise ValueError("no request of the clean run succeeded")
+    rows.sort(key=lambda r: num(r, "prompt_tokens"))
+    trig = rows[-1]
+    if len(rows) > 1 and num(rows[-2], "prompt_tokens") == num(trig, "prompt_tokens"):
+        raise ValueError("two requests share the longest prompt")
+    same = [r for r in rows if r.get("session_id") == trig.get("session_id")]
+    turn = num(trig, "turn")
+    prev = [r for r in same if num(r, "turn") == turn - 1]
+    if not prev:
+        raise ValueError("the longest request has no previous turn")
+    hit = num(trig, "cached_tokens")
+    if any(num(r, "prompt_tokens") >= hit for r in same if num(r, "turn") < turn - 1):
+        raise ValueError("an older turn alone gives the trigger its hit")
+    rule = (
+        f"raise gpu={gpu} when prompt_tokens>={num(trig, 'prompt_tokens')} and cached_tokens>={hit}"
+    )
+    return CacheHitFault(
+        rule, str(trig["request_id"]), (str(prev[0]["request_id"]), str(trig["request_id"]))
+    )
+
+
 # -- serving -----------------------------------------------------------------------------
 
 

@@ -242,3 +242,32 @@ def test_out_of_file_descriptors_is_the_replayers_limit_not_a_crash(emulator_fac
     assert {r["status"] for r in rows} == {"ok", "transport_error"}
     summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
     assert summary["targets"]["target"]["failed"] is False
+
+
+def test_cached_tokens_come_from_metrics_when_responses_carry_none(emulator_factory, tmp_path):
+    """Without --enable-prompt-tokens-details the server reports no cached
+    tokens per request; the summary takes the run's prefix-cache counters."""
+    emu = emulator_factory(["--speed", "instant"])
+    res = run(
+        "replay",
+        SAMPLE,
+        *("--target", emu.url, "--timing", "asap", "--limit", "20"),
+        *("--scrape-interval", "0.2", "--out", tmp_path / "r", "--json"),
+    )
+    assert res.returncode == 0, res.stderr
+    t = orjson.loads(res.stdout)["targets"]["target"]
+    rows = read_results(tmp_path / "r" / "results.arrow")
+    assert all(r["cached_tokens"] is None for r in rows)
+    assert t["cached_tokens_source"] == "metrics"
+    assert t["cached_tokens"] > 0 and 0 < t["prefix_cache_hit_ratio"] < 1
+    with_details = emulator_factory(["--speed", "instant", "--enable-prompt-tokens-details"])
+    res = run(
+        "replay",
+        SAMPLE,
+        *("--target", with_details.url, "--timing", "asap", "--limit", "20"),
+        *("--out", tmp_path / "r2", "--json"),
+    )
+    t2 = orjson.loads(res.stdout)["targets"]["target"]
+    assert t2["cached_tokens_source"] == "responses"
+    # the emulator's counters and its per-request figures tell the same story
+    assert t2["cached_tokens"] == t["cached_tokens"]

@@ -3,10 +3,8 @@
 The rule makes the model runner raise a HIP illegal-memory-access error when
 a new request has a long prompt *and* a large prefix-cache hit, the shape of
 vLLM #50347. Its thresholds are read off a clean replay on the shared server
-(real token counts of the tiny tokenizer): the longest request R, and the
-hit only R's previous turn gives it. So exactly one minimal set exists,
-{R's previous turn, R}: R alone gets no hit, R after the turn before gets
-too little, no other request is that long.
+(real token counts of the tiny tokenizer) by ``cache_hit_fault``: exactly one
+minimal set exists, {R's previous turn, R}.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from replayer.replay.results import read_results
-from replayer.testing.vllm import VLLMServer, free_port, serve_command
+from replayer.testing.vllm import VLLMServer, cache_hit_fault, free_port, serve_command
 
 from .conftest import cli
 
@@ -42,18 +40,8 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         *("--max-inflight", 1, "--out", tmp_path / "clean", "--quiet"),
     )
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    rows = {r["request_id"]: r for r in read_results(tmp_path / "clean" / "results.arrow")}
-    r = max(rows.values(), key=lambda x: x["prompt_tokens"])
-    session, turn = r["session_id"], r["turn"]
-    prev = next(x for x in rows.values() if x["session_id"] == session and x["turn"] == turn - 1)
-    older = [x for x in rows.values() if x["session_id"] == session and x["turn"] < turn - 1]
-    # preconditions of "exactly one minimal set"
-    assert sorted(x["prompt_tokens"] for x in rows.values())[-2] < r["prompt_tokens"]
-    assert all(x["prompt_tokens"] < r["cached_tokens"] for x in older)
-    rule = (
-        f"raise gpu=hip when prompt_tokens>={r['prompt_tokens']} "
-        f"and cached_tokens>={r['cached_tokens']}"
-    )
+    fault = cache_hit_fault(read_results(tmp_path / "clean" / "results.arrow"))
+    rule = fault.rule
 
     def launch(port: int) -> str:
         return serve_command(
@@ -78,7 +66,7 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
     took = time.monotonic() - started
     assert bis.returncode == 0, bis.stdout + bis.stderr
     manifest = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
-    assert manifest["requests"] == [prev["request_id"], r["request_id"]]
+    assert manifest["requests"] == list(fault.culprits)
     assert manifest["signature"]["class"] == "process_exit"
     assert "Triton Error [HIP]: Code: 700" in manifest["signature"]["text"]
     trials = [

@@ -190,7 +190,8 @@ def test_sigstop_of_engine_core_is_a_hang(vllm_shared, traces, tmp_path):
     finally:
         os.kill(core, signal.SIGCONT)
         if proc.poll() is None:
-            proc.kill()
+            proc.kill()  # replayer replay --target: it owns no server
+            proc.wait(30)
     assert proc.returncode == 1, out + err
     t = summary(tmp_path / "run")["targets"]["vllm"]
     assert t["failure"]["class"] == "hang"

@@ -1,0 +1,65 @@
+"""The real-vLLM helpers that need no server: the fitted fault, the command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replayer.target.process import split_command
+from replayer.testing.vllm import PACKAGE_ROOT, VLLMEnv, cache_hit_fault, serve_command
+
+
+def row(rid, session, turn, prompt, cached):
+    return {
+        "request_id": rid,
+        "session_id": session,
+        "turn": turn,
+        "status": "ok",
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+    }
+
+
+RUN = [
+    row("a0", "a", 0, 1800, 0),
+    row("b0", "b", 0, 1750, 1536),
+    row("a1", "a", 1, 2500, 1792),
+    row("b1", "b", 1, 2400, 1664),
+    row("a2", "a", 2, 3800, 2432),
+    row("b2", "b", 2, 3700, 2304),
+]
+
+
+def test_cache_hit_fault_names_the_longest_request_and_its_previous_turn():
+    f = cache_hit_fault(RUN)
+    assert f.rule == "raise gpu=hip when prompt_tokens>=3800 and cached_tokens>=2432"
+    assert f.trigger == "a2"
+    assert f.culprits == ("a1", "a2")
+
+
+def test_cache_hit_fault_refuses_a_trace_without_one_minimal_pair():
+    with pytest.raises(ValueError, match="share the longest prompt"):
+        cache_hit_fault([*RUN, row("c0", "c", 0, 3800, 0)])
+    with pytest.raises(ValueError, match="no previous turn"):
+        cache_hit_fault([row("x", "x", 0, 100, 0)])
+    # an older turn as long as the hit would make {a0, a2} crash too
+    with pytest.raises(ValueError, match="older turn"):
+        cache_hit_fault([row("a0", "a", 0, 2432, 0), *RUN[1:]])
+
+
+def test_serve_command_is_a_launch_string_with_its_environment(tmp_path):
+    env = VLLMEnv(tmp_path / "venv")
+    cmd = serve_command(
+        env,
+        Path("/m/llama"),
+        8123,
+        served_name="tiny",
+        environ={"REPLAYER_VLLM_FAULTS": "raise when request=2"},
+    )
+    argv, environ = split_command(cmd)
+    assert argv[:3] == [str(env.vllm), "serve", "/m/llama"]
+    assert argv[argv.index("--port") + 1] == "8123"
+    assert "--enable-auto-tool-choice" in argv and "--served-model-name" in argv
+    assert environ["REPLAYER_VLLM_FAULTS"] == "raise when request=2"
+    assert environ["PYTHONPATH"] == str(PACKAGE_ROOT)  # the plugin is this checkout's
