@@ -12,6 +12,7 @@ none could.
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [i for i in items if id(i) not in ids] + real
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Every real-vLLM test skipped for the same reason folds into one
+    summary line (pytest would print one per test location)."""
+    report = yield
+    if report.skipped and "realvllm" in item.keywords and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+        if "real vLLM unavailable" in reason:
+            report.longrepr = (__file__, sys._getframe().f_lineno, reason)
+    return report
+
+
 _TIER: Counter[str] = Counter()
 _SKIPS: list[str] = []
 
@@ -114,5 +127,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     parts = ", ".join(f"{n} {k}" for k, n in sorted(_TIER.items()))
     line = f"real vLLM tier: {parts}"
     if _SKIPS:
-        line += f" ({Counter(_SKIPS).most_common(1)[0][0]})"
+        line += f" ({Counter(_SKIPS).most_common(1)[0][0].removeprefix('Skipped: ')})"
     terminalreporter.write_line(line, bold=True)

