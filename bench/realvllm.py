@@ -24,14 +24,15 @@ from typing import Any
 from replayer.replay.results import read_results
 from replayer.testing.vllm import (
     VLLMServer,
+    admission_sequence,
     build_models,
     cache_hit_fault,
     free_port,
+    in_order_fraction,
+    ordered_chat_trace,
     provision,
     serve_command,
 )
-from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
 
 
 def cli(*args: Any, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -42,53 +43,6 @@ def cli(*args: Any, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
         timeout=timeout,
         check=False,
     )
-
-
-def ordered_trace(path: Path, model: str, n: int) -> list[str]:
-    """Long (5,000-word) and short (20-word) chat prompts alternating, each its
-    own session, all due at once (the admission-order test's trace)."""
-    import random
-
-    rng = random.Random(5)
-    words = "engine kernel cache block token batch stream worker layer queue".split()
-    ids = []
-    with TraceWriter(path, TraceMeta(source="bench")) as w:
-        for i in range(n):
-            text = " ".join(rng.choice(words) for _ in range(5000 if i % 2 == 0 else 20))
-            rid = f"ord-{i:03d}"
-            ids.append(rid)
-            w.add(
-                RequestRecord(
-                    request_id=rid,
-                    session_id=rid,
-                    turn=0,
-                    start_us=i,
-                    kind=Kind.CHAT,
-                    params={"model": model, "messages": None, "max_tokens": 2},
-                    content=[{"role": "user", "content": text}],
-                    path="/v1/chat/completions",
-                )
-            )
-    return ids
-
-
-def admitted_in_order(log: Path, ids: list[str]) -> float:
-    import bisect
-
-    pos = {rid: i for i, rid in enumerate(ids)}
-    seq = []
-    for line in log.read_text().splitlines():
-        rec = json.loads(line)
-        if rec["ev"] != "admit":
-            continue
-        match = [i for i in ids if f"-{i}-" in f"-{rec['id']}-"]
-        if len(match) == 1:
-            seq.append(pos[match[0]])
-    tails: list[int] = []
-    for x in seq:
-        k = bisect.bisect_left(tails, x)
-        tails[k : k + 1] = [x]
-    return len(tails) / len(ids)
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -130,7 +84,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                 fracs, rates = [], []
                 for rep in range(3):
                     trace = work / f"ord-{workers}-{order}-{rep}.arrow"
-                    ids = ordered_trace(trace, "tiny-llama", 24)
+                    ids = ordered_chat_trace(trace, "tiny-llama", 24)
                     log.write_text("")
                     run = work / f"run-{workers}-{order}-{rep}"
                     res = cli(
@@ -140,7 +94,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                         *("--out", run, "--quiet", "--json"),
                     )
                     s = json.loads(res.stdout)["targets"]["target"]
-                    fracs.append(round(admitted_in_order(log, ids), 3))
+                    fracs.append(round(in_order_fraction(admission_sequence(log, ids), ids), 3))
                     rates.append(s["throughput_rps"])
                 adm[f"{workers} worker(s), {order}"] = {"in_order": fracs, "req_per_s": rates}
                 print(f"renderer workers {workers}, {order}: in order {fracs}, req/s {rates}")

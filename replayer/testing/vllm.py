@@ -349,6 +349,73 @@ def cache_hit_fault(results: Sequence[Mapping[str, object]], gpu: str = "hip") -
     )
 
 
+# -- admission order ---------------------------------------------------------------------
+
+
+def ordered_chat_trace(path: Path, model: str, n: int = 24) -> list[str]:
+    """``n`` chat requests, long (5,000 words) and short (20) alternating,
+    each its own session, all due at once: with parallel renderer workers
+    the short ones' templating finishes first and they overtake. Returns
+    the request ids in trace order."""
+    import random
+
+    from replayer.trace.schema import Kind
+    from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+
+    rng = random.Random(5)
+    words = "engine kernel cache block token batch stream worker layer queue".split()
+    ids = []
+    with TraceWriter(path, TraceMeta(source="replayer.testing")) as w:
+        for i in range(n):
+            text = " ".join(rng.choice(words) for _ in range(5000 if i % 2 == 0 else 20))
+            rid = f"ord-{i:03d}"
+            ids.append(rid)
+            w.add(
+                RequestRecord(
+                    request_id=rid,
+                    session_id=rid,
+                    turn=0,
+                    start_us=i,
+                    kind=Kind.CHAT,
+                    params={"model": model, "messages": None, "max_tokens": 2},
+                    content=[{"role": "user", "content": text}],
+                    path="/v1/chat/completions",
+                )
+            )
+    return ids
+
+
+def admission_sequence(log: Path, ids: Sequence[str], event: str = "admit") -> list[str]:
+    """The trace ids of ``ids`` in the order the plugin's log saw ``event``
+    (``admit``: EngineCore's add_request; ``receipt``: the API server got the
+    request; ``headers``: its response headers left). Engine ids wrap ours in
+    a prefix and a suffix (``chatcmpl-<id>-<hex>``)."""
+    out = []
+    wanted = set(ids)
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["ev"] != event:
+            continue
+        got = f"-{rec['id']}-"
+        match = [i for i in wanted if f"-{i}-" in got]
+        if len(match) == 1:
+            out.append(match[0])
+            wanted.discard(match[0])
+    return out
+
+
+def in_order_fraction(seen: Sequence[str], expected: Sequence[str]) -> float:
+    """Longest in-order subsequence of ``seen`` over ``len(expected)``."""
+    import bisect
+
+    pos = {rid: i for i, rid in enumerate(expected)}
+    tails: list[int] = []  # patience sorting: the longest increasing subsequence
+    for x in (pos[r] for r in seen if r in pos):
+        k = bisect.bisect_left(tails, x)
+        tails[k : k + 1] = [x]
+    return len(tails) / len(expected) if expected else 1.0
+
+
 # -- serving -----------------------------------------------------------------------------
 
 
@@ -535,25 +602,20 @@ class VLLMServer:
         return status == 200 and self.model_name in body.decode(errors="replace")
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
+        return self._request("GET", path, None, timeout, {})
 
     def post(
         self, path: str, body: object, *, timeout: float = 60.0, headers: Mapping[str, str] = {}
     ) -> tuple[int, bytes]:
+        hdrs = {"Content-Type": "application/json", **headers}
+        return self._request("POST", path, json.dumps(body), timeout, hdrs)
+
+    def _request(
+        self, method: str, path: str, body: str | None, timeout: float, headers: Mapping[str, str]
+    ) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request(
-                "POST",
-                path,
-                body=json.dumps(body),
-                headers={"Content-Type": "application/json", **headers},
-            )
+            conn.request(method, path, body=body, headers=dict(headers))
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:

@@ -4,7 +4,6 @@ the servers' 16,384-token limit, short replies)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -34,37 +33,6 @@ def cli(*args: Any, timeout: float = 600, env: dict[str, str] | None = None) -> 
 def summary(run: Path) -> dict[str, Any]:
     out: dict[str, Any] = orjson.loads((run / "summary.json").read_bytes())
     return out
-
-
-def admission_order(log: Path, ids: list[str], event: str) -> list[str]:
-    """The trace ids of ``ids`` in the order the server logged ``event``
-    (``admit``: EngineCore's add_request; ``receipt``: the API server got
-    the request). Engine ids carry a prefix and suffix around ours."""
-    out = []
-    wanted = set(ids)
-    for line in log.read_text().splitlines():
-        rec = json.loads(line)
-        if rec["ev"] != event:
-            continue
-        got = rec["id"]
-        match = [i for i in wanted if i == got or f"-{i}-" in f"-{got}-"]
-        if len(match) == 1:
-            out.append(match[0])
-            wanted.discard(match[0])
-    return out
-
-
-def in_order_fraction(seen: list[str], expected: list[str]) -> float:
-    """Longest in-order subsequence of ``seen`` / len(expected)."""
-    pos = {rid: i for i, rid in enumerate(expected)}
-    seq = [pos[r] for r in seen if r in pos]
-    tails: list[int] = []  # patience sorting: longest increasing subsequence
-    import bisect
-
-    for x in seq:
-        k = bisect.bisect_left(tails, x)
-        tails[k : k + 1] = [x]
-    return len(tails) / len(expected) if expected else 1.0
 
 
 def synth(out: Path, *args: Any) -> Path:

@@ -7,7 +7,6 @@ healthy (the SIGSTOP test resumes EngineCore before it ends).
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -17,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from replayer.replay.results import read_results
+from replayer.testing.vllm import admission_sequence, in_order_fraction, ordered_chat_trace
 from replayer.trace.reader import Trace
-from replayer.trace.schema import Kind
 from replayer.trace.stats import ideal_prefix_hits
 from replayer.trace.tokens import TokenSpace
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
 
-from .conftest import TOKEN_RANGE, admission_order, cli, in_order_fraction, summary
+from .conftest import TOKEN_RANGE, cli, summary
 
 
 def replay(trace: Path, shared, out: Path, *args, timeout: float = 300):
@@ -203,40 +201,12 @@ def test_sigstop_of_engine_core_is_a_hang(vllm_shared, traces, tmp_path):
     assert status == 200
 
 
-def _ordered_trace(path: Path, model: str, n: int = 24) -> list[str]:
-    """Long prompts then short ones, alternating, each its own session, all
-    due at once: with parallel renderer workers the short ones' templating
-    finishes first and they overtake."""
-    rng = random.Random(5)
-    words = "engine kernel cache block token batch stream worker layer queue".split()
-    ids = []
-    with TraceWriter(path, TraceMeta(source="test")) as w:
-        for i in range(n):
-            size = 5000 if i % 2 == 0 else 20
-            text = " ".join(rng.choice(words) for _ in range(size))
-            rid = f"ord-{i:03d}"
-            ids.append(rid)
-            w.add(
-                RequestRecord(
-                    request_id=rid,
-                    session_id=rid,
-                    turn=0,
-                    start_us=i,
-                    kind=Kind.CHAT,
-                    params={"model": model, "messages": None, "max_tokens": 2},
-                    content=[{"role": "user", "content": text}],
-                    path="/v1/chat/completions",
-                )
-            )
-    return ids
-
-
 @pytest.mark.parametrize("order", ["strict", "admitted"])
 def test_admission_order(vllm_shared, tmp_path, order):
     """With 4 renderer workers the server *receives* strict order exactly but
     may *admit* it out of order; admitted order paces each request on the
     previous one's response headers, and the engine admits trace order."""
-    ids = _ordered_trace(tmp_path / "ordered.arrow", vllm_shared.model)
+    ids = ordered_chat_trace(tmp_path / "ordered.arrow", vllm_shared.model)
     start = vllm_shared.admission_log.stat().st_size
     res = replay(
         tmp_path / "ordered.arrow",
@@ -252,8 +222,8 @@ def test_admission_order(vllm_shared, tmp_path, order):
     with vllm_shared.admission_log.open("rb") as f:
         f.seek(start)
         log.write_bytes(f.read())
-    received = admission_order(log, ids, "receipt")
-    admitted = admission_order(log, ids, "admit")
+    received = admission_sequence(log, ids, "receipt")
+    admitted = admission_sequence(log, ids, "admit")
     assert received == ids  # both modes: the API server got trace order
     assert sorted(admitted) == sorted(ids)
     frac = in_order_fraction(admitted, ids)

