@@ -60,6 +60,23 @@ async def test_strict_order_arrives_in_trace_order(emulator_factory, tmp_path):
             assert by_id[rid[r]]["dispatched_us"] >= prev["done_us"]
 
 
+async def test_admitted_order_waits_for_each_streams_headers(emulator_factory, tmp_path):
+    """Admitted order: trace order on arrival, and no request leaves before
+    the previous one's response headers came (the engine has taken it)."""
+    t = synth(tmp_path, sessions=8, turns=3, context=6_000, rate=100, think=0.0, seed=6)
+    emu = emulator_factory(["--speed", "20"], log_bodies=False)
+    out, rows, results = await replay(
+        t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, order=Order.ADMITTED)
+    )
+    assert out.exit_code == 0
+    rid = t.column("request_id")
+    assert [e["request_id"] for e in arrivals(emu)] == [rid[r] for r in rows]
+    by_seq = sorted(results, key=lambda r: r["seq"])
+    assert [r["request_id"] for r in by_seq] == [rid[r] for r in rows]
+    for prev, nxt in zip(by_seq, by_seq[1:], strict=False):
+        assert nxt["dispatched_us"] >= prev["first_byte_us"]
+
+
 async def test_session_order_keeps_each_session_in_order(emulator_factory, tmp_path):
     t = synth(tmp_path, sessions=12, turns=6, context=6_000, rate=100, think=0.0, seed=4)
     emu = emulator_factory(["--speed", "20"])
