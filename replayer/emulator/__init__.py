@@ -3,9 +3,11 @@
 The embedded default target of replayer: every replay, monitor and minimize
 test, the demo and the benchmarks run against it. It matches vLLM 0.33 on the
 wire (``../shared/VLLM.md`` is the spec; older variants via
-``--vllm-version``), simulates the engine (tokenizer stand-in, paged KV cache
-with prefix caching, scheduler with chunked prefill and preemption, a speed
-model) and injects faults that fail the way vLLM fails.
+``--vllm-version``; ``--vllm-version 0.32.0`` is what a real vLLM 0.32 did,
+measured, and tests/conformance checks it against one), simulates the engine
+(tokenizer stand-in, paged KV cache with prefix caching, scheduler with
+chunked prefill and preemption, a speed model) and injects faults that fail
+the way vLLM fails.
 
 Modules, by responsibility:
 

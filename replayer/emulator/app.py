@@ -11,8 +11,13 @@
   Allowed"}``).
 * ``--api-key`` guards only paths under ``/v1``, ``/v2``, ``/inference`` and
   ``/cohere``: ``401 {"error":"Unauthorized"}``.
-* Every response says ``server: uvicorn``; ``X-Request-Id`` is echoed with
+* Response headers look like uvicorn + Starlette's (measured on vLLM 0.32):
+  lower-case names in their order (``date``, ``server: uvicorn``,
+  ``content-length``, ``content-type``, ``vary: Origin``,
+  ``transfer-encoding``), ``allow`` on a 405; ``x-request-id`` is echoed with
   ``--enable-request-id-headers``.
+* Every request except those vLLM's instrumentator excludes is counted in the
+  ``http_*`` metric families (route template, or ``none`` for unknown paths).
 
 :func:`create_app` is usable in-process (tests); :mod:`.server` runs it as
 a process. Generation lives in :mod:`.generate`.
@@ -20,8 +25,10 @@ a process. Generation lives in :mod:`.generate`.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,13 +49,54 @@ from replayer.emulator.generate import (
     log_rejected,
 )
 from replayer.emulator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from replayer.emulator.parsing import ApiError, parse_json_body
+from replayer.emulator.parsing import ApiError, parse_json_body, validation_error
 from replayer.emulator.runtime import Runtime
 from replayer.emulator.wire import models_body
 
 GUARDED = ("/v1", "/v2", "/inference", "/cohere")
 MAX_BODY = 1 << 30
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+HEADER_ORDER = (
+    "date",
+    "server",
+    "allow",
+    "content-length",
+    "content-type",
+    "vary",
+    "x-request-id",
+    "transfer-encoding",
+    "connection",
+)
+_HEADER_RANK = {name: i for i, name in enumerate(HEADER_ORDER)}
+
+
+@web.middleware
+async def _instrument(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """prometheus-fastapi-instrumentator's ``http_*`` metrics (outermost), and the
+    count of requests in progress the shutdown waits for: a request is done
+    once its response is on the wire (sent here, not after the middleware)."""
+    began = time.perf_counter()
+    rt = request.app[RUNTIME]
+    rt.request_started()
+    try:
+        response = await handler(request)
+        with contextlib.suppress(ConnectionError):  # a cut stream, a vanished client
+            await response.prepare(request)
+            await response.write_eof()
+    finally:
+        rt.request_done()
+    known = request.path in rt.paths
+    size = request.content_length or 0
+    sent = response.content_length if isinstance(response, web.Response) else None
+    rt.metrics.http(
+        request.path if known else "none",
+        request.method,
+        response.status,
+        time.perf_counter() - began,
+        size,
+        sent or 0,
+    )
+    return response
 
 
 @web.middleware
@@ -68,16 +116,28 @@ async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPNotFound:
         return json_response(b'{"detail":"Not Found"}', 404)
-    except web.HTTPMethodNotAllowed:
-        return json_response(b'{"detail":"Method Not Allowed"}', 405)
+    except web.HTTPMethodNotAllowed as exc:
+        resp = json_response(b'{"detail":"Method Not Allowed"}', 405)
+        resp.headers["allow"] = ", ".join(sorted(exc.allowed_methods))
+        return resp
 
 
 async def _headers(request: web.Request, response: StreamResponse) -> None:
-    response.headers["server"] = "uvicorn"
+    """uvicorn's header names and order; runs after aiohttp set its own."""
+    h = response.headers
+    h["server"] = "uvicorn"
+    h["vary"] = "Origin"  # Starlette's CORSMiddleware
     if request.app[RUNTIME].cfg.enable_request_id_headers:
         rid = request.headers.get("X-Request-Id")
         if rid:
-            response.headers["X-Request-Id"] = rid
+            h["x-request-id"] = rid
+    items = sorted(
+        ((k.lower(), v) for k, v in h.items()),
+        key=lambda kv: _HEADER_RANK.get(kv[0], len(HEADER_ORDER)),
+    )
+    h.clear()
+    for k, v in items:
+        h.add(k, v)
 
 
 class AccessLog(AbstractAccessLogger):
@@ -148,15 +208,11 @@ async def tokenize(request: web.Request) -> web.Response:
             stream = tokenizer.chat_stream(m for m in body["messages"] if isinstance(m, dict))
         elif isinstance(body.get("prompt"), str):
             stream = tokenizer.text_stream(body["prompt"])
-        elif isinstance(body.get("prompt"), list):
-            stream = tokenizer.ids_stream([int(t) for t in body["prompt"]])
-        else:
-            raise ApiError(400, "Either prompt or messages must be provided.", "BadRequestError")
+        else:  # neither form of vLLM's TokenizeRequest union validates
+            raise validation_error(_tokenize_errors(body))
     except ApiError as exc:
         return json_response(exc.body(rt.cfg.profile), exc.status)
-    except (TypeError, ValueError, OverflowError) as exc:
-        return json_response(ApiError(400, str(exc), "BadRequestError").body(rt.cfg.profile), 400)
-    ids = tokenizer.token_ids(stream)
+    ids = tokenizer.in_vocab(tokenizer.token_ids(stream), rt.cfg.vocab_size)
     out = {
         "count": len(ids),
         "max_model_len": rt.cfg.max_model_len,
@@ -164,6 +220,54 @@ async def tokenize(request: web.Request) -> web.Response:
         "token_strs": None,
     }
     return json_response(orjson.dumps(out))
+
+
+def _tokenize_errors(body: dict[str, Any]) -> list[dict[str, Any] | str]:
+    def summary(v: object) -> str:
+        if isinstance(v, dict):
+            return f"<dict of {len(v)} items>"
+        if isinstance(v, list):
+            return f"<list of {len(v)} items>"
+        return str(v)[:200]
+
+    errors: list[dict[str, Any] | str] = []
+    if "prompt" in body:
+        errors.append(
+            {
+                "type": "string_type",
+                "loc": "body.prompt",
+                "msg": "Input should be a valid string",
+                "input": summary(body["prompt"]),
+            }
+        )
+    else:
+        errors.append(
+            {
+                "type": "missing",
+                "loc": "body.prompt",
+                "msg": "Field required",
+                "input": summary(body),
+            }
+        )
+    if "messages" in body:
+        errors.append(
+            {
+                "type": "list_type",
+                "loc": "body.messages",
+                "msg": "Input should be a valid list",
+                "input": summary(body["messages"]),
+            }
+        )
+    else:
+        errors.append(
+            {
+                "type": "missing",
+                "loc": "body.messages",
+                "msg": "Field required",
+                "input": summary(body),
+            }
+        )
+    return errors
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -258,7 +362,7 @@ def create_app(cfg: EmulatorConfig, runtime: Runtime | None = None) -> web.Appli
         # aiohttp.test_utils.TestServer(app) or web.AppRunner(app)
     """
     rt = runtime if runtime is not None else Runtime(cfg)
-    app = web.Application(middlewares=[_gate], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[_instrument, _gate], client_max_size=MAX_BODY)
     app[RUNTIME] = rt
     r = app.router
     r.add_get("/health", health, allow_head=False)
@@ -281,6 +385,7 @@ def create_app(cfg: EmulatorConfig, runtime: Runtime | None = None) -> web.Appli
         r.add_post("/wake_up", wake_up)
         r.add_get("/is_sleeping", is_sleeping, allow_head=False)
     app.on_response_prepare.append(_headers)
+    rt.paths = frozenset(p for p, _ in routes(app))
 
     async def _start(_: web.Application) -> None:
         await rt.start()

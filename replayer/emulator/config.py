@@ -24,6 +24,9 @@ from replayer.errors import UsageError
 
 DEFAULT_MODEL = "moonshotai/Kimi-K3"
 DEFAULT_VERSION = "0.33.0"
+DEFAULT_TOOL_PARSER = "kimi_k2"
+NO_VOCAB_LIMIT = 1 << 64
+"""Default ``--vocab-size``: every 64-bit id is in vocabulary (no check)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,16 @@ class EmulatorConfig:
     """Seconds the port stays bound-but-not-listening before the server is ready."""
     max_model_len: int = 262_144
     """Context limit in tokens."""
+    vocab_size: int = NO_VOCAB_LIMIT
+    """Token ids at or above this are out of vocabulary (token-id prompts are
+    rejected; ``/tokenize`` answers ids below it)."""
+    enable_auto_tool_choice: bool = True
+    """``--enable-auto-tool-choice``: allow tool choices (``auto``, ``required``,
+    named) - with a parser. On by default, like the production agent
+    deployments the defaults describe; off, a request with ``tools`` (and no
+    ``tool_choice: "none"``) gets vLLM's 400, as from a bare ``vllm serve``."""
+    tool_call_parser: str | None = DEFAULT_TOOL_PARSER
+    """``--tool-call-parser``: the parser's name (the emulator never emits tool calls)."""
     max_num_seqs: int = 1024
     """Most sequences in the running batch."""
     max_num_batched_tokens: int = 16_384
@@ -136,6 +149,11 @@ class EmulatorConfig:
             (0 <= self.port <= 65535, "--port must be in 0..65535"),
             (self.platform in ("rocm", "cuda"), "--platform must be rocm or cuda"),
             (self.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1"),
+            (1 <= self.vocab_size <= NO_VOCAB_LIMIT, "--vocab-size must be in 1..2**64"),
+            (
+                not self.enable_auto_tool_choice or bool(self.tool_call_parser),
+                "--enable-auto-tool-choice requires --tool-call-parser",
+            ),
         ]
         for ok, msg in checks:
             if not ok:
@@ -161,15 +179,25 @@ class EmulatorConfig:
         return self._fingerprint
 
     def _compute_profile(self) -> str:
-        """Wire-format generation: ``0.33`` (current), ``0.10`` (0.10.1 to 0.32, the
-        EngineCore message, no fingerprint, 400 on max_tokens overflow) or ``0.9``
+        """Wire-format generation: ``0.33`` (current, from sources), ``0.32``
+        (measured on a real vLLM 0.32.0: the EngineCore message, in-stream
+        errors as spaced JSON, the fingerprint, silent clamping of max_tokens),
+        ``0.10`` (0.10.1 to 0.31, from sources and reports: no fingerprint,
+        400 on max_tokens overflow, ``BadRequestError`` in-stream) or ``0.9``
         (before 0.10.1: the flat error object)."""
         nums = tuple(int(x) for x in re.findall(r"\d+", self.vllm_version)[:3])
         if nums >= (0, 33):
             return "0.33"
+        if nums >= (0, 32):
+            return "0.32"
         if nums >= (0, 10, 1):
             return "0.10"
         return "0.9"
+
+    @property
+    def modern(self) -> bool:
+        """0.32 and later: fingerprint, clamping, the 0.33 validation wording."""
+        return self._profile in ("0.33", "0.32")
 
     @property
     def config_hash(self) -> str:
@@ -190,7 +218,7 @@ class EmulatorConfig:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _compute_fingerprint(self) -> str | None:
-        if self._profile != "0.33":
+        if self._profile not in ("0.33", "0.32"):
             return None
         tp = f"-tp{self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         return f"vllm-{self.vllm_version}{tp}-{self.config_hash[:8]}"
@@ -243,6 +271,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=human_int,
         default=d.max_model_len,
         help="context limit in tokens; accepts 32k, 1M (default %(default)s)",
+    )
+    s.add_argument(
+        "--vocab-size",
+        type=human_int,
+        default=d.vocab_size,
+        help="token ids >= this are out of vocabulary (vLLM reads it from the model; "
+        "default 2**64: no check)",
+    )
+    s.add_argument(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_auto_tool_choice,
+        help="accept tool choices (needs --tool-call-parser); default on, as in agent "
+        "deployments: --no-enable-auto-tool-choice answers tools with vLLM's 400",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        default=d.tool_call_parser,
+        metavar="NAME",
+        help="tool-call parser name ('' for none; default %(default)s)",
     )
     s.add_argument(
         "--max-num-seqs",
@@ -405,6 +453,9 @@ def config_from_args(
         vllm_version=args.vllm_version,
         load_time=args.load_time,
         max_model_len=args.max_model_len,
+        vocab_size=args.vocab_size,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser or None,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,

@@ -4,9 +4,14 @@ process (VLLM.md §2, §7.4).
 * ``exit``/``dead``: the crash report (GPU error, scheduler dump, EngineCore
   traceback, ``AsyncLLM output_handler failed``), then engine death: every
   in-flight request gets the dead-engine error, ``/health`` turns 503. For
-  ``exit`` the shutdown follows ``after`` seconds later, or at once when a
-  non-streaming request meets the dead engine (vLLM's
-  ``terminate_if_errored``), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``.
+  ``exit`` the shutdown follows ``after`` seconds later (default: see
+  :meth:`Runtime.exit_delay`), or at once when a new request meets the dead
+  engine (vLLM's ``terminate_if_errored``), unless
+  ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``.
+* :meth:`Effects.engine_killed` (SIGUSR1 to the process): what ``kill -9`` of
+  vLLM's EngineCore does - no GPU error or engine traceback, the API server's
+  ``engine core exited unexpectedly`` and ``EngineDeadError``, then the same
+  death and exit 0.
 * ``hang``: the engine stops stepping; the shm-broadcast warning repeats;
   optionally an RPC-timeout crash later.
 * ``cut``: streams lose their connection mid-body; ``kill=1`` kills the process.
@@ -41,7 +46,7 @@ class Effects:
         rt = self.rt
         if rule.effect in ("exit", "dead"):
             code = int(rule.num("code")) if rule.effect == "exit" else None
-            after = rule.num("after") if rule.effect == "exit" else 0.0
+            after = rule.opt_num("after") if rule.effect == "exit" else 0.0
             self.crash(rule.text("gpu"), dump, code, after)
         elif rule.effect == "hang":
             rt.engine.hang()
@@ -65,7 +70,7 @@ class Effects:
         gpu: str | None,
         dump: BatchDump,
         exit_code: int | None,
-        after: float,
+        after: float | None,
         *,
         timeout: bool = False,
     ) -> None:
@@ -77,6 +82,16 @@ class Effects:
         rt.engine.die()
         if exit_code is not None and not rt.cfg.keep_alive_on_engine_death:
             rt.schedule_exit(exit_code, after)
+
+    def engine_killed(self) -> None:
+        """The EngineCore process was killed (SIGKILL): engine death, exit 0."""
+        rt = self.rt
+        if rt.engine.dead:
+            return
+        rt.log.engine_killed()
+        rt.engine.die()
+        if not rt.cfg.keep_alive_on_engine_death:
+            rt.schedule_exit(0, None)
 
     def _hang_timeout(self, code: int) -> None:
         self.crash(None, self.rt.engine.dump(), code, 0.0, timeout=True)

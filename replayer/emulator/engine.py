@@ -510,7 +510,7 @@ class Engine:
             if req.first_token is None:
                 req.first_token = now
                 self.prompt_tokens_done += req.prompt_len
-                self.metrics.prompt_tokens.inc(req.prompt_len)
+                self.metrics.prompt_admitted(req.prompt_len, req.num_cached)
                 self.metrics.ttft.observe(now - req.arrival)
             elif req.last_token is not None:
                 self.metrics.itl.observe(now - req.last_token)
@@ -540,12 +540,16 @@ class Engine:
             m.req_prompt.observe(req.prompt_len)
             m.req_generation.observe(req.num_output)
             m.req_max_tokens.observe(req.params_max_tokens)
+            m.req_max_generation.observe(req.params_max_tokens)
+            m.req_params_n.observe(1)
             m.req_preemptions.observe(req.preemptions)
             if req.first_scheduled is not None:
                 m.inference_time.observe(now - req.first_scheduled)
                 if req.first_token is not None:
                     m.prefill_time.observe(req.first_token - req.first_scheduled)
                     m.decode_time.observe(now - req.first_token)
+                    steps = req.num_output - 1
+                    m.tpot.observe((now - req.first_token) / steps if steps > 0 else 0.0)
         self._gauges()
         self._wake.set()
 

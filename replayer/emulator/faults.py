@@ -36,9 +36,10 @@ the engine's next step.
 
 Effects and their parameters (defaults in brackets):
 
-* ``exit``  [code=0 gpu=<platform> after=1]: EngineCore crash log, engine dead,
-  then vLLM's shutdown and ``exit(code)`` ``after`` seconds later (sooner if a
-  non-streaming request hits the dead engine). ``gpu`` is ``hsa`` (ROCm hard
+* ``exit``  [code=0 gpu=<platform> after=<watchdog>]: EngineCore crash log,
+  engine dead, then vLLM's shutdown and ``exit(code)`` ``after`` seconds later
+  (sooner if a request hits the dead engine). Without ``after``: 1 s, or for
+  the 0.32 profile vLLM's watchdog (its next 5 s tick since start-up). ``gpu`` is ``hsa`` (ROCm hard
   fault), ``hip`` (Triton HIP error) or ``cuda``.
 * ``dead``  [gpu]: as ``exit`` but the API stays up (``/health`` 503 forever).
 * ``hang``  [warn_every=60 timeout=none code=0]: no more tokens, ``/health``
@@ -117,7 +118,7 @@ def _choice(*options: str) -> Callable[[str], str]:
 # effect -> parameter -> (parser, default)
 Effects = Mapping[str, Mapping[str, tuple[Callable[[str], object], object]]]
 EFFECTS: dict[str, dict[str, tuple[Callable[[str], object], object]]] = {
-    "exit": {"code": (int, 0), "gpu": (_choice(*GPU_FLAVOURS), None), "after": (float, 1.0)},
+    "exit": {"code": (int, 0), "gpu": (_choice(*GPU_FLAVOURS), None), "after": (float, None)},
     "dead": {"gpu": (_choice(*GPU_FLAVOURS), None)},
     "hang": {"warn_every": (float, 60.0), "timeout": (float, None), "code": (int, 0)},
     "cut": {"scope": (_choice("all", "request"), "all"), "kill": (_bool, False)},

@@ -14,6 +14,7 @@ it is admitted, or here when it is rejected.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from typing import Any
@@ -26,6 +27,8 @@ from replayer.emulator.parsing import (
     ApiError,
     Generation,
     check_limits,
+    check_tools,
+    out_of_vocabulary,
     parse_generation,
     parse_json_body,
 )
@@ -43,6 +46,7 @@ from replayer.emulator.wire import (
     error_body,
     error_event,
     filler,
+    stream_error,
 )
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
@@ -109,7 +113,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         fields["model"], fields["stream"] = g.model, g.stream
         if g.model not in cfg.served_model_names:
             names = ", ".join(cfg.served_model_names)
-            tail = f" Valid aliases: {names}." if cfg.profile == "0.33" else ""
+            tail = f" Valid aliases: {names}." if cfg.modern else ""
             raise ApiError(
                 404, f"The model `{g.model}` does not exist.{tail}", "NotFoundError", "model"
             )
@@ -117,10 +121,24 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             rt.reqlog.write("request", **fields, n=None, status=500, error="engine dead")
             rt.dead_engine_hit()
             return json_response(dead_body(cfg.profile), 500)
+        check_tools(g, cfg)
         n_out, reason = check_limits(g, cfg)
+        if g.out_of_vocab is not None and not g.stream:
+            raise out_of_vocabulary(g.out_of_vocab)
     except ApiError as exc:
         rt.reqlog.write("request", **fields, n=None, status=exc.status, error=exc.message)
         return json_response(exc.body(cfg.profile), exc.status)
+    if g.out_of_vocab is not None:
+        # vLLM's input processor rejects it inside the stream generator: 200 + event.
+        rej = out_of_vocabulary(g.out_of_vocab)
+        rt.reqlog.write("request", **fields, n=None, status=200, error=rej.message)
+        event = stream_error(cfg.profile, g.chat, rej.message, rej.type, rej.param, rej.status)
+        resp = web.StreamResponse(headers={"Content-Type": SSE_CONTENT_TYPE})
+        with contextlib.suppress(ConnectionError):  # the client went away
+            await resp.prepare(request)
+            await resp.write(event + DONE)
+            await resp.write_eof()
+        return resp
 
     base = f"{'chatcmpl' if chat else 'cmpl'}-{xrid if xrid else rt.hex(16)}"
     hashes = (
@@ -171,8 +189,7 @@ async def _unary(
         if out.finish is not None:
             break
     cached = req.num_cached if cfg.enable_prompt_tokens_details else None
-    build = chat_body if g.chat else completion_body
-    body = build(
+    args = (
         base,
         int(time.time()),
         g.model,
@@ -183,7 +200,24 @@ async def _unary(
         req.num_output,
         cached,
     )
-    return json_response(body)
+    if g.chat:
+        if g.tool_choice == "auto":
+            rt.metrics.tool_parser(streaming=False)
+        body = chat_body(*args, created_cache(rt, g, req), weight_versions=cfg.profile == "0.33")
+        return json_response(body)
+    return json_response(completion_body(*args, modern=cfg.modern))
+
+
+def created_cache(rt: Runtime, g: Generation, req: Request) -> int | None:
+    """``created_cache_tokens`` (vLLM 0.32, chat only, with prompt-token details):
+    the full prompt blocks this request wrote to the prefix cache."""
+    cfg = rt.cfg
+    if not (g.chat and cfg.profile == "0.32" and cfg.enable_prompt_tokens_details):
+        return None
+    if not cfg.enable_prefix_caching:
+        return 0
+    full = req.prompt_len // cfg.block_size * cfg.block_size
+    return max(0, full - req.num_cached)
 
 
 async def _stream(
@@ -200,6 +234,8 @@ async def _stream(
         continuous=g.continuous_usage,
         prompt_tokens=req.prompt_len,
         cached=req.num_cached if cfg.enable_prompt_tokens_details else None,
+        created_cache=created_cache(rt, g, req),
+        tail_fields=cfg.profile == "0.33",
     )
     resp = web.StreamResponse(headers={"Content-Type": SSE_CONTENT_TYPE})
     try:
@@ -234,6 +270,8 @@ async def _pump(
                 role_sent = True
             text = filler(req.text_seed, out.start, out.tokens)
             parts.append(shape.delta(text, out.start + out.tokens, out.finish))
+            if g.tool_choice == "auto":
+                rt.metrics.tool_parser(streaming=True)
         if out.finish is not None and not out.cut:
             if shape.include_usage:
                 parts.append(shape.usage(req.num_output))

@@ -338,6 +338,20 @@ class ServerLog:
             )
         tb.append(root)
         self.engine("ERROR", "core.py:1586", "\n".join(tb))
+        self._output_handler_failed()
+
+    def engine_killed(self) -> None:
+        """``kill -9`` of EngineCore (vLLM 0.32's lines): the API server notices."""
+        self.api(
+            "WARNING",
+            "core_client.py:817",
+            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+        )
+        self.api("INFO", "core_client.py:770", "[shutdown] MPClient: start timeout=default")
+        self.api("INFO", "core_client.py:777", "[shutdown] MPClient: complete")
+        self._output_handler_failed()
+
+    def _output_handler_failed(self) -> None:
         tb = ["AsyncLLM output_handler failed.", "Traceback (most recent call last):"]
         tb += _frame(
             "vllm/v1/engine/async_llm.py",

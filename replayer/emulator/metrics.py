@@ -1,5 +1,10 @@
 """``/metrics``: vLLM's Prometheus metric names, types, labels and buckets
-(VLLM.md §5), on a registry owned by one app.
+(VLLM.md §5), on a registry owned by one app. The family set, help texts,
+label sets and buckets are those of a real vLLM 0.32.0 (measured), including
+the families the emulator never moves (external and multi-modal caches,
+FLOPs estimates, admission rejections: all 0), the tool-parser counter when
+a tool-call parser is enabled, and prometheus-fastapi-instrumentator's
+``http_*`` families (see :meth:`Metrics.http`).
 
 A per-app :class:`~prometheus_client.CollectorRegistry` (not the global one)
 lets several emulators live in one test process. Like single-API-server
@@ -22,6 +27,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Summary,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -100,19 +106,70 @@ LATENCY_BUCKETS = (
     7680.0,
 )
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+HTTP_BUCKETS = (0.1, 0.5, 1.0)
+HTTP_HIGHR_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    3.0,
+    3.5,
+    4.0,
+    4.5,
+    5.0,
+    7.5,
+    10.0,
+    30.0,
+    60.0,
+)
+HTTP_EXCLUDED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
+"""Paths vLLM's instrumentator does not count."""
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+TOOL_MODES = ("streaming", "non_streaming")
+TOOL_OUTCOMES = ("tool_call", "no_tool_call")
+TOOL_REQUEST_TYPES = ("chat_completions", "responses", "other")
+_MFU = "(for Model Flops Utilization calculations)."
 _HELP = {
     "running": "Number of requests in model execution batches.",
     "waiting": "Number of requests waiting to be processed.",
-    "by_reason": "Number of requests waiting to be processed, by reason.",
+    "by_reason": "Number of waiting requests by reason. Reason labels: 'capacity' = waiting "
+    "for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+    "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+    "sleep": "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine "
+    "is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
     "kv": "KV-cache usage. 1 means 100 percent usage.",
     "queries": "Prefix cache queries, in terms of number of queried tokens.",
     "hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "ext_queries": "External prefix cache queries from KV connector cross-instance cache "
+    "sharing, in terms of number of queried tokens.",
+    "ext_hits": "External prefix cache hits from KV connector cross-instance cache sharing, "
+    "in terms of number of cached tokens.",
+    "mm_queries": "Multi-modal cache queries, in terms of number of queried items.",
+    "mm_hits": "Multi-modal cache hits, in terms of number of cached items.",
     "preemptions": "Cumulative number of preemption from the engine.",
     "prompt": "Number of prefill tokens processed.",
+    "by_source": "Number of prompt tokens by source.",
+    "cached": "Number of cached prompt tokens (local + external).",
+    "cached_by_source": "Prefix-cache hit tokens by the cache tier that supplied them: device "
+    "(local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) "
+    "or external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+    "vllm:external_prefix_cache_hits.",
     "generation": "Number of generation tokens processed.",
     "success": "Count of successfully processed requests.",
+    "admission": "Number of admission attempts rejected by a queue limit, by reason.",
     "ttft": "Histogram of time to first token in seconds.",
     "itl": "Histogram of inter-token latency in seconds.",
+    "tpot": "Histogram of time_per_output_token_seconds per request.",
     "e2e": "Histogram of e2e request latency in seconds.",
     "queue": "Histogram of time spent in WAITING phase for request.",
     "inference": "Histogram of time spent in RUNNING phase for request.",
@@ -120,9 +177,26 @@ _HELP = {
     "decode": "Histogram of time spent in DECODE phase for request.",
     "req_prompt": "Number of prefill tokens processed.",
     "req_gen": "Number of generation tokens processed.",
+    "max_gen": "Histogram of maximum number of requested generation tokens.",
+    "params_n": "Histogram of the n request parameter.",
     "max_tokens": "Histogram of the max_tokens request parameter.",
     "iteration": "Histogram of number of tokens per engine_step.",
-    "req_preempt": "Number of preemptions per request.",
+    "req_preempt": "Histogram of the number of times a request was preempted.",
+    "kv_computed": "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+    "flops": f"Estimated number of floating point operations per GPU {_MFU}",
+    "read": f"Estimated number of bytes read from memory per GPU {_MFU}",
+    "write": f"Estimated number of bytes written to memory per GPU {_MFU}",
+    "tool": "Total number of ToolParser invocations. Non-streaming increments once per "
+    "choice; streaming increments once per delta.",
+    "http_total": "Total number of requests by method, status and handler.",
+    "http_req_size": "Content length of incoming requests by handler. Only value of header is "
+    "respected. Otherwise ignored. No percentile calculated. ",
+    "http_resp_size": "Content length of outgoing responses by handler. Only value of header "
+    "is respected. Otherwise ignored. No percentile calculated. ",
+    "http_highr": "Latency with many buckets but no API specific labels. Made for more "
+    "accurate percentile calculations. ",
+    "http_duration": "Latency with only few buckets by handler. Made to be only used if "
+    "aggregation by handler is important. ",
 }
 
 
@@ -157,20 +231,31 @@ class Metrics:
 
     def __init__(self, cfg: EmulatorConfig) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
-        for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        for c in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
             r.register(c)
         lab = ["engine", "model_name"]
-        kv = {"engine": "0", "model_name": cfg.served_model_name}
+        name = cfg.served_model_name
+        kv = {"engine": "0", "model_name": name}
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, lab, registry=r, multiprocess_mode="mostrecent").labels(**kv)
+        def gauge(metric: str, doc: str) -> Gauge:
+            return Gauge(metric, doc, lab, registry=r, multiprocess_mode="mostrecent").labels(**kv)
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, lab, registry=r).labels(**kv)
+        def counter(metric: str, doc: str) -> Counter:
+            return Counter(metric, doc, lab, registry=r).labels(**kv)
 
-        def hist(name: str, doc: str, buckets: tuple[float, ...] | list[float]) -> Histogram:
-            return Histogram(name, doc, lab, registry=r, buckets=buckets).labels(**kv)
+        def by(metric: str, doc: str, label: str, values: tuple[str, ...]) -> dict[str, Counter]:
+            c = Counter(metric, doc, ["engine", "model_name", label], registry=r)
+            return {v: c.labels(**kv, **{label: v}) for v in values}
 
+        def hist(metric: str, doc: str, buckets: tuple[float, ...] | list[float]) -> Histogram:
+            return Histogram(metric, doc, lab, registry=r, buckets=buckets).labels(**kv)
+
+        for metric, key in (
+            ("vllm:estimated_flops_per_gpu", "flops"),
+            ("vllm:estimated_read_bytes_per_gpu", "read"),
+            ("vllm:estimated_write_bytes_per_gpu", "write"),
+        ):
+            counter(metric, _HELP[key])
         self.running = gauge("vllm:num_requests_running", _HELP["running"])
         self.waiting = gauge("vllm:num_requests_waiting", _HELP["waiting"])
         by_reason = Gauge(
@@ -181,11 +266,33 @@ class Metrics:
         )
         self.waiting_capacity = by_reason.labels(reason="capacity", **kv)
         by_reason.labels(reason="deferred", **kv).set(0)
+        sleep = Gauge(
+            "vllm:engine_sleep_state",
+            _HELP["sleep"],
+            ["engine", "model_name", "sleep_state"],
+            registry=r,
+        )
+        for state in SLEEP_STATES:
+            sleep.labels(sleep_state=state, **kv).set(1 if state == "awake" else 0)
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", _HELP["kv"])
         self.prefix_queries = counter("vllm:prefix_cache_queries", _HELP["queries"])
         self.prefix_hits = counter("vllm:prefix_cache_hits", _HELP["hits"])
+        counter("vllm:external_prefix_cache_queries", _HELP["ext_queries"])
+        counter("vllm:external_prefix_cache_hits", _HELP["ext_hits"])
+        counter("vllm:mm_cache_queries", _HELP["mm_queries"])
+        counter("vllm:mm_cache_hits", _HELP["mm_hits"])
         self.preemptions = counter("vllm:num_preemptions", _HELP["preemptions"])
         self.prompt_tokens = counter("vllm:prompt_tokens", _HELP["prompt"])
+        self.prompt_by_source = by(
+            "vllm:prompt_tokens_by_source", _HELP["by_source"], "source", PROMPT_SOURCES
+        )
+        self.prompt_cached = counter("vllm:prompt_tokens_cached", _HELP["cached"])
+        self.cached_by_source = by(
+            "vllm:prompt_tokens_cached_by_source",
+            _HELP["cached_by_source"],
+            "source",
+            CACHE_SOURCES,
+        )
         self.generation_tokens = counter("vllm:generation_tokens", _HELP["generation"])
         success = Counter(
             "vllm:request_success",
@@ -194,8 +301,23 @@ class Metrics:
             registry=r,
         )
         self.success = {f: success.labels(finished_reason=f, **kv) for f in FINISH_REASONS}
+        admission = Counter(
+            "vllm:admission_rejections", _HELP["admission"], ["model_name", "reason"], registry=r
+        )
+        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            admission.labels(model_name=name, reason=reason)
+        tok = buckets_1_2_5(cfg.max_model_len)
+        self.req_prompt = hist("vllm:request_prompt_tokens", _HELP["req_prompt"], tok)
+        self.req_generation = hist("vllm:request_generation_tokens", _HELP["req_gen"], tok)
+        self.iteration = hist("vllm:iteration_tokens_total", _HELP["iteration"], ITERATION_BUCKETS)
+        self.req_max_generation = hist(
+            "vllm:request_max_num_generation_tokens", _HELP["max_gen"], tok
+        )
+        self.req_params_n = hist("vllm:request_params_n", _HELP["params_n"], (1, 2, 5, 10, 20))
+        self.req_max_tokens = hist("vllm:request_params_max_tokens", _HELP["max_tokens"], tok)
         self.ttft = hist("vllm:time_to_first_token_seconds", _HELP["ttft"], TTFT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", _HELP["itl"], ITL_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds", _HELP["tpot"], ITL_BUCKETS)
         self.e2e = hist("vllm:e2e_request_latency_seconds", _HELP["e2e"], LATENCY_BUCKETS)
         self.queue_time = hist("vllm:request_queue_time_seconds", _HELP["queue"], LATENCY_BUCKETS)
         self.inference_time = hist(
@@ -207,13 +329,11 @@ class Metrics:
         self.decode_time = hist(
             "vllm:request_decode_time_seconds", _HELP["decode"], LATENCY_BUCKETS
         )
-        tok = buckets_1_2_5(cfg.max_model_len)
-        self.req_prompt = hist("vllm:request_prompt_tokens", _HELP["req_prompt"], tok)
-        self.req_generation = hist("vllm:request_generation_tokens", _HELP["req_gen"], tok)
-        self.req_max_tokens = hist("vllm:request_params_max_tokens", _HELP["max_tokens"], tok)
-        self.iteration = hist("vllm:iteration_tokens_total", _HELP["iteration"], ITERATION_BUCKETS)
         self.req_preemptions = hist(
             "vllm:request_num_preemptions", _HELP["req_preempt"], (1, 2, 3, 4, 5, 10, 20)
+        )
+        self.kv_computed = hist(
+            "vllm:request_prefill_kv_computed_tokens", _HELP["kv_computed"], tok
         )
         r.register(
             _CacheConfigInfo(
@@ -230,6 +350,81 @@ class Metrics:
                 }
             )
         )
+        self._http_total = Counter(
+            "http_requests_total", _HELP["http_total"], ["handler", "method", "status"], registry=r
+        )
+        self._http_req_size = Summary(
+            "http_request_size_bytes", _HELP["http_req_size"], ["handler"], registry=r
+        )
+        self._http_resp_size = Summary(
+            "http_response_size_bytes", _HELP["http_resp_size"], ["handler"], registry=r
+        )
+        self._http_highr = Histogram(
+            "http_request_duration_highr_seconds",
+            _HELP["http_highr"],
+            registry=r,
+            buckets=HTTP_HIGHR_BUCKETS,
+        )
+        self._http_duration = Histogram(
+            "http_request_duration_seconds",
+            _HELP["http_duration"],
+            ["handler", "method"],
+            registry=r,
+            buckets=HTTP_BUCKETS,
+        )
+        self._tools: dict[tuple[str, str], Counter] = {}
+        if cfg.enable_auto_tool_choice and cfg.tool_call_parser:
+            tools = Counter(
+                "vllm:tool_call_parser_invocations",
+                _HELP["tool"],
+                ["mode", "model_name", "outcome", "request_type"],
+                registry=r,
+            )
+            for mode in TOOL_MODES:
+                for outcome in TOOL_OUTCOMES:
+                    for rtype in TOOL_REQUEST_TYPES:
+                        child = tools.labels(
+                            mode=mode, model_name=name, outcome=outcome, request_type=rtype
+                        )
+                        if rtype == "chat_completions":
+                            self._tools[(mode, outcome)] = child
+
+    def prompt_admitted(self, prompt_tokens: int, cached: int) -> None:
+        """A request's prompt at its first token: tokens by source, cache hits."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.prompt_by_source["local_compute"].inc(prompt_tokens - cached)
+        self.prompt_by_source["local_cache_hit"].inc(cached)
+        self.prompt_cached.inc(cached)
+        self.cached_by_source["device"].inc(cached)
+        self.kv_computed.observe(prompt_tokens - cached)
+
+    def tool_parser(self, streaming: bool, times: int = 1) -> None:
+        """The tool-call parser ran over ``times`` deltas (or one choice); it never
+        finds a call in filler text. No-op without a parser."""
+        c = self._tools.get(("streaming" if streaming else "non_streaming", "no_tool_call"))
+        if c is not None and times > 0:
+            c.inc(times)
+
+    def http(
+        self,
+        handler: str,
+        method: str,
+        status: int,
+        seconds: float,
+        request_size: int,
+        response_size: int,
+    ) -> None:
+        """One finished HTTP request, as prometheus-fastapi-instrumentator counts
+        it: ``handler`` is the route template (``none`` for unknown paths),
+        status grouped as ``2xx``; sizes are the Content-Length headers (0
+        without one)."""
+        if handler in HTTP_EXCLUDED:
+            return
+        self._http_total.labels(handler=handler, method=method, status=f"{status // 100}xx").inc()
+        self._http_req_size.labels(handler=handler).observe(request_size)
+        self._http_resp_size.labels(handler=handler).observe(response_size)
+        self._http_highr.observe(seconds)
+        self._http_duration.labels(handler=handler, method=method).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

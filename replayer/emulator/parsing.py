@@ -2,9 +2,11 @@
 
 The order of checks follows vLLM 0.33's request path: JSON decoding (FastAPI
 parses the body when the content type is JSON or missing), then the
-``Content-Type`` dependency, then pydantic field validation, then the model
-check, then the engine-dead preflight (done by the caller), then token
-limits. FastAPI/pydantic errors are rendered the way vLLM's
+``Content-Type`` dependency, then pydantic field validation (and the
+request models' validators: tool usage), then the model check, then the
+engine-dead preflight (done by the caller), then rendering (tool choices
+that need a parser, token limits), then the engine's input check (token ids
+in vocabulary, in-stream for streams). FastAPI/pydantic errors are rendered the way vLLM's
 ``validation_exception_handler`` renders them::
 
     1 validation error:
@@ -16,7 +18,7 @@ the fields replay traffic uses are type-checked; unknown fields are ignored,
 as vLLM ignores removed legacy fields.
 
 Output length: ``max_completion_tokens`` (chat) or ``max_tokens`` if given,
-clamped to the context left (0.33) - ``finish_reason: length``. Without it,
+clamped to the context left (0.32 and 0.33) - ``finish_reason: length``. Without it,
 the answer ends "naturally" (``stop``) after ``--default-max-tokens``;
 ``--eos-after N`` sets a natural length even when ``max_tokens`` is given, and
 ``ignore_eos`` removes the natural end (vLLM's length check wins a tie).
@@ -188,6 +190,14 @@ class Generation:
     stream_bytes: bytes
     """The prompt's token stream (see :mod:`.tokenizer`)."""
     token_ids_prompt: bool
+    out_of_vocab: int | None = None
+    """The largest token id of a token-id prompt when it is >= ``--vocab-size``
+    (vLLM rejects it last, in the engine's input processing: in-stream for
+    streams)."""
+    tool_choice: object = None
+    """The effective ``tool_choice`` (``"auto"`` when tools come without one)."""
+    tools: bool = False
+    """The request carries a non-empty ``tools`` list."""
 
     @property
     def prompt_len(self) -> int:
@@ -244,18 +254,25 @@ def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> G
         raise bad_request(
             "Stream options can only be defined when `stream=True`.", "stream_options"
         )
+    tool_choice = _check_tool_usage(body) if chat else None
     if body.get("n") not in (None, 1):
         raise bad_request("The replayer emulator serves n=1 only.", "n", body.get("n"))
+    oov: int | None = None
     if chat:
         stream_bytes = tokenizer.chat_stream(body["messages"])
         token_ids = False
     else:
         stream_bytes, token_ids = _completion_prompt(body)
+        if token_ids and stream_bytes:
+            top = max(tokenizer.token_ids(stream_bytes))
+            oov = top if top >= cfg.vocab_size else None
     requested = body.get("max_completion_tokens") if chat else None
     if requested is None:
         requested = body.get("max_tokens")
     if requested is not None and requested < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {requested}.", "max_tokens")
+        raise bad_request(
+            f"max_tokens must be at least 1, got {requested}.", "max_tokens", requested
+        )
     force = cfg.enable_force_include_usage
     include = force or bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
     continuous = force or bool(
@@ -271,7 +288,92 @@ def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> G
         ignore_eos=bool(body.get("ignore_eos")),
         stream_bytes=stream_bytes,
         token_ids_prompt=token_ids,
+        out_of_vocab=oov,
+        tool_choice=tool_choice,
+        tools=bool(body.get("tools")),
     )
+
+
+_NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+def _check_tool_usage(body: dict[str, Any]) -> object:
+    """vLLM's ``ChatCompletionRequest.check_tool_usage``; the effective tool_choice."""
+    tools = body.get("tools")
+    if tools == []:
+        raise bad_request(
+            "`tools` must not be an empty array. Either provide at least one tool or omit "
+            "the field entirely.",
+            "tools",
+        )
+    choice = body.get("tool_choice")
+    if "tool_choice" not in body and tools:
+        choice = "auto"
+    if choice is None or choice == "none":
+        return choice
+    if tools is None:
+        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise bad_request(
+            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", '
+            '"auto" or "required" are supported.',
+            "tool_choice",
+        )
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        if not isinstance(function, dict):
+            raise bad_request(
+                f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_USAGE}",
+                "tool_choice.function",
+            )
+        if "name" not in function:
+            raise bad_request(
+                f"Expected field `name` in `function` in `tool_choice`! {_NAMED_USAGE}",
+                "tool_choice.function.name",
+            )
+        name = function["name"]
+        if not isinstance(name, str) or not name:
+            raise bad_request(
+                f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_NAMED_USAGE}",
+                "tool_choice.function.name",
+            )
+        names = [
+            t.get("function", {}).get("name")
+            for t in tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        ]
+        if name not in names:
+            raise bad_request(
+                "The tool specified in `tool_choice` does not match any of the specified `tools`",
+                "tool_choice",
+            )
+    return choice
+
+
+def check_tools(g: Generation, cfg: EmulatorConfig) -> None:
+    """vLLM's renderer check: tool choices that need a tool-call parser."""
+    choice = g.tool_choice
+    if choice is None or choice == "none":
+        return
+    if cfg.enable_auto_tool_choice and cfg.tool_call_parser:
+        return
+    if choice == "auto":
+        raise ApiError(
+            400,
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+            "to be set",
+            "BadRequestError",
+        )
+    name = choice["function"]["name"] if isinstance(choice, dict) else None
+    desc = f'"{choice}"' if name is None else f'function "{name}"'
+    raise ApiError(
+        400, f"tool_choice={desc} requires --tool-call-parser to be set", "BadRequestError"
+    )
+
+
+def out_of_vocabulary(token_id: int) -> ApiError:
+    """The input processor's rejection (no ``param``)."""
+    return ApiError(400, f"Token id {token_id} is out of vocabulary", "BadRequestError")
 
 
 def _completion_prompt(body: dict[str, Any]) -> tuple[bytes, bool]:
@@ -288,9 +390,11 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[bytes, bool]:
     if isinstance(prompt, list) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
     ):
-        bad = [t for t in prompt if not 0 <= t <= MAX_ID]
-        if bad:
-            raise bad_request(f"Token id {bad[0]} is out of vocabulary", "prompt")
+        if any(t < 0 for t in prompt):
+            raise validation_error(_negative_ids(prompt))
+        big = max(prompt)
+        if big > MAX_ID:  # beyond any vocabulary and any 64-bit id
+            raise out_of_vocabulary(big)
         return tokenizer.ids_stream(prompt), True
     if isinstance(prompt, list) and all(isinstance(p, str | list) for p in prompt):
         raise bad_request(
@@ -301,13 +405,35 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[bytes, bool]:
     )
 
 
+def _negative_ids(prompt: list[int]) -> list[dict[str, Any] | str]:
+    """pydantic's errors for ``prompt: list[int >= 0] | list[list[int]] | str |
+    list[str]`` given a flat list with negative ids, in vLLM's order."""
+    errors: list[dict[str, Any] | str] = []
+    for i, t in enumerate(prompt):
+        if t < 0:
+            e = _err(
+                "greater_than_equal",
+                f"body.prompt.{i}",
+                "Input should be greater than or equal to 0",
+                t,
+            )
+            e["ctx"] = {"ge": 0}
+            errors.append(e)
+    for i, t in enumerate(prompt):
+        errors.append(_err("list_type", f"body.prompt.{i}", "Input should be a valid list", t))
+    errors.append(_err("string_type", "body.prompt", "Input should be a valid string", prompt))
+    for i, t in enumerate(prompt):
+        errors.append(_err("string_type", f"body.prompt.{i}", "Input should be a valid string", t))
+    return errors
+
+
 def check_limits(g: Generation, cfg: EmulatorConfig) -> tuple[int, str]:
     """vLLM's context checks; returns (tokens to generate, finish reason at the end)."""
     m, p, x = cfg.max_model_len, g.prompt_len, g.requested_max_tokens
     profile = cfg.profile
     if p == 0:
         raise bad_request("The decoder prompt cannot be empty")
-    if x is not None and x > m and profile == "0.33":
+    if x is not None and x > m and cfg.modern:
         raise bad_request(
             f"max_tokens={x} cannot be greater than max_model_len={m}. "
             "Please request fewer output tokens.",
@@ -315,7 +441,7 @@ def check_limits(g: Generation, cfg: EmulatorConfig) -> tuple[int, str]:
             x,
         )
     if p > m:
-        if profile == "0.33":
+        if cfg.modern:
             shown = p if g.token_ids_prompt else m + 1
             least = "" if g.token_ids_prompt else "at least "
             raise bad_request(
@@ -327,6 +453,8 @@ def check_limits(g: Generation, cfg: EmulatorConfig) -> tuple[int, str]:
             )
         raise _old_overflow(profile, m, p, x)
     if p == m:
+        if profile == "0.32":  # measured: the clamp leaves 0, then SamplingParams rejects it
+            raise bad_request("max_tokens must be at least 1, got 0.", "max_tokens", 0)
         raise bad_request(
             f"The decoder prompt (length {p}) plus the number of requested output tokens "
             f"(at least 1) is longer than the maximum model length of {m}. Make sure that "
@@ -334,7 +462,7 @@ def check_limits(g: Generation, cfg: EmulatorConfig) -> tuple[int, str]:
             "requested output tokens)."
         )
     room = m - p
-    if x is not None and x > room and profile != "0.33":
+    if x is not None and x > room and not cfg.modern:
         raise _old_overflow(profile, m, p, x)
     limit = room if x is None else min(x, room)
     natural: int | None = cfg.eos_after

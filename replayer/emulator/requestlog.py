@@ -21,7 +21,9 @@ reached the engine, or when it was rejected before that:
     path, model, stream
     prompt_tokens, cached_tokens, max_tokens (the generation length it will get)
     running, waiting, kv_usage, preemptions   engine state when it arrived
-    status, error  set only when rejected: HTTP status and error message
+    status, error  set only when rejected: HTTP status and error message (an
+                   out-of-vocabulary token id in a stream is rejected in-stream:
+                   status 200 and the message)
     body           (``--log-bodies``) the JSON body as received, or
     body_text      (``--log-bodies``) the raw text when it was not JSON
     body_bytes, body_sha256   (``--log-bodies``) size and digest of the raw bytes

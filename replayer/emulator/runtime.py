@@ -29,6 +29,9 @@ from replayer.emulator.metrics import Metrics
 from replayer.emulator.requestlog import RequestLog
 
 SHUTDOWN_TIMEOUT = 10.0
+WATCHDOG_S = 5.0
+"""vLLM's ``VLLM_WATCHDOG_TIME_S``: how often the API server checks for a dead engine."""
+DEFAULT_EXIT_DELAY = 1.0
 
 
 class Runtime:
@@ -67,14 +70,32 @@ class Runtime:
         self.killed = False
         self.shutting_down = False
         self.stop_server: Callable[[], Awaitable[None]] | None = None
+        self.paths: frozenset[str] = frozenset()
+        """The app's route paths (the ``handler`` label of ``http_*`` metrics)."""
+        self.active = 0
+        """HTTP requests being handled right now (any path)."""
+        self.quiet = asyncio.Event()
+        """Set while no HTTP request is being handled (the shutdown waits for it)."""
+        self.quiet.set()
         self._exit_hook = exit_hook
         self._kill_hook = kill_hook
         self._stats_task: asyncio.Task[None] | None = None
+        self.started_at = time.monotonic()
+        """When the app started (the phase of vLLM's watchdog)."""
 
     # -- ids ---------------------------------------------------------------------------
 
     def hex(self, n: int) -> str:
         return f"{self._ids.getrandbits(4 * n):0{n}x}"
+
+    def request_started(self) -> None:
+        self.active += 1
+        self.quiet.clear()
+
+    def request_done(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.quiet.set()
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -83,6 +104,7 @@ class Runtime:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.started_at = time.monotonic()
         self.engine.start()
         if self.cfg.stats_interval > 0:
             self._stats_task = spawn(self._stats(), name="emulator-stats")
@@ -99,9 +121,22 @@ class Runtime:
         if self.exit_code is not None:
             self.begin_shutdown(self.exit_code)
 
-    def schedule_exit(self, code: int, after: float) -> None:
+    def schedule_exit(self, code: int, after: float | None) -> None:
+        """Shut down ``after`` seconds from now (None: :meth:`exit_delay`)."""
         self.exit_code = code
-        asyncio.get_running_loop().call_later(after, self.begin_shutdown, code)
+        delay = self.exit_delay() if after is None else after
+        asyncio.get_running_loop().call_later(delay, self.begin_shutdown, code)
+
+    def exit_delay(self) -> float:
+        """Seconds from engine death to shutdown when nothing hits the dead engine.
+        vLLM's ``watchdog_loop`` checks every 5 s from start-up, so the 503 window
+        is 0-5 s depending on when the engine died (measured on 0.32: 0.7 s and
+        1.9 s after kills at different times); the 0.32 profile emulates that
+        tick, other profiles keep a fixed 1 s."""
+        if self.cfg.profile != "0.32":
+            return DEFAULT_EXIT_DELAY
+        since = time.monotonic() - self.started_at
+        return WATCHDOG_S - since % WATCHDOG_S
 
     def begin_shutdown(self, code: int) -> None:
         if self.shutting_down:

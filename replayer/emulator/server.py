@@ -10,12 +10,16 @@ bound, so a parent process never races for ports.
 Exit: an ``exit`` fault ends in vLLM's shutdown sequence, then
 ``os._exit(code)`` (0 by default, as single-API-server vLLM exits after
 engine death); ``cut kill=1`` is a real SIGKILL; SIGTERM/SIGINT shut down
-gracefully with code 0.
+gracefully with code 0. SIGUSR1 stands for ``kill -9`` of vLLM's EngineCore
+process: the engine dies (in-flight streams get the error event, ``/health``
+503), then the API server exits 0 - the emulator's side of a test that kills
+a real vLLM's engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -112,12 +116,24 @@ async def serve(cfg: EmulatorConfig) -> None:
     rt.log.ready(cfg.host, port, routes(app))
 
     async def stop_server() -> None:
+        # uvicorn's order: stop listening (refused from here on), let requests in
+        # progress finish, close every other connection. aiohttp alone would
+        # keep a connection accepted as the socket closed open until its client
+        # gives up (it drops the request data once shutting down).
+        for site in list(runner.sites):
+            await site.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(rt.quiet.wait(), SHUTDOWN_TIMEOUT)
+        if runner.server is not None:
+            for conn in list(runner.server.connections):
+                conn.force_close()
         await runner.cleanup()
 
     rt.stop_server = stop_server
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, rt.begin_shutdown, 0)
+    loop.add_signal_handler(signal.SIGUSR1, rt.effects.engine_killed)
     await asyncio.Event().wait()  # the exit hook ends the process
 
 

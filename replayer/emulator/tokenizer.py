@@ -119,6 +119,21 @@ def block_hashes(stream: bytes, block_size: int) -> list[bytes]:
     return out
 
 
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def in_vocab(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """Ids as ``/tokenize`` shows them to clients of a model with ``vocab_size``
+    ids: ids below it unchanged, others folded into it by a fixed 64-bit mix
+    (deterministic; the emulator's own ids - 4-byte pieces, specials >= 2**32 -
+    keep their identity inside the emulator). Folded ids no longer
+    detokenize to the text."""
+    if vocab_size > 1 << 63:
+        return list(ids)
+    mask = (1 << 64) - 1
+    return [t if t < vocab_size else ((t * _GOLDEN) & mask) % vocab_size for t in ids]
+
+
 def detokenize(ids: Iterable[int]) -> str:
     """Inverse of the text encoding: pieces back to bytes, specials by name."""
     buf = bytearray()

@@ -8,8 +8,11 @@
   ``json.dumps`` with spaces.
 * ``usage`` keys are ``prompt_tokens, total_tokens, completion_tokens`` then
   details; ``prompt_tokens_details`` only with ``--enable-prompt-tokens-details``.
-* Older wire variants (``--vllm-version``): ``0.10`` has the EngineCore message
-  in dead-engine errors, ``BadRequestError``/400 in-stream errors and no
+* Wire variants (``--vllm-version``): ``0.32`` (measured on a real 0.32.0)
+  has the EngineCore message in dead-engine errors, every in-stream error as
+  spaced ``json.dumps``, no ``weight_versions``/``kv_transfer_params`` on stream
+  chunks and ``created_cache_tokens`` in chat usage; ``0.10`` also has
+  ``BadRequestError``/400 for the dead engine in-stream and no
   ``system_fingerprint``; ``0.9`` also uses the flat error object.
 
 Streams are built from per-request byte templates so that a chunk costs one
@@ -74,19 +77,30 @@ def dead_body(profile: str) -> bytes:
 def error_event(profile: str, chat: bool, kind: str) -> bytes:
     """The in-stream error event (``kind``: ``dead`` or ``internal``)."""
     if kind == "internal":
-        obj = error_obj(profile, INTERNAL_MESSAGE, "InternalServerError", None, 500)
-    elif profile == "0.33":
-        obj = error_obj(profile, CLIENT_DEAD_MESSAGE, "InternalServerError", None, 500)
-    else:
-        obj = error_obj(profile, ENGINE_DEAD_MESSAGE, "BadRequestError", None, 400)
-    text = dumps(obj) if chat else json.dumps(obj).encode()
+        return stream_error(profile, chat, INTERNAL_MESSAGE, "InternalServerError", None, 500)
+    if profile == "0.33":
+        return stream_error(profile, chat, CLIENT_DEAD_MESSAGE, "InternalServerError", None, 500)
+    if profile == "0.32":
+        return stream_error(profile, chat, ENGINE_DEAD_MESSAGE, "InternalServerError", None, 500)
+    return stream_error(profile, chat, ENGINE_DEAD_MESSAGE, "BadRequestError", None, 400)
+
+
+def stream_error(
+    profile: str, chat: bool, message: str, type_: str, param: str | None, code: int
+) -> bytes:
+    """One ``data:`` error event. vLLM's ``create_streaming_error_response`` is
+    ``json.dumps`` (spaces); 0.33's chat generator alone dumps compact JSON."""
+    obj = error_obj(profile, message, type_, param, code)
+    text = dumps(obj) if chat and profile == "0.33" else json.dumps(obj).encode()
     return b"data: " + text + b"\n\n"
 
 
 # -- usage -----------------------------------------------------------------------------
 
 
-def usage_final(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+def usage_final(
+    prompt: int, completion: int, cached: int | None, created: int | None = None
+) -> dict[str, Any]:
     """The include_usage chunk's usage (``exclude_none``)."""
     u: dict[str, Any] = {
         "prompt_tokens": prompt,
@@ -94,16 +108,23 @@ def usage_final(prompt: int, completion: int, cached: int | None) -> dict[str, A
         "completion_tokens": completion,
     }
     if cached is not None:
-        u["prompt_tokens_details"] = {"cached_tokens": cached}
+        details: dict[str, Any] = {"cached_tokens": cached}
+        if created is not None:
+            details["created_cache_tokens"] = created
+        u["prompt_tokens_details"] = details
     return u
 
 
-def usage_body(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
-    """Non-streaming usage (``model_dump`` keeps nulls)."""
+def usage_body(
+    prompt: int, completion: int, cached: int | None, created: int | None = None
+) -> dict[str, Any]:
+    """Non-streaming usage (``model_dump`` keeps nulls). ``created`` is
+    ``created_cache_tokens``: prompt tokens this request wrote to the prefix
+    cache (vLLM 0.32 fills it for chat only)."""
     details = (
         None
         if cached is None
-        else {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
+        else {"cached_tokens": cached, "created_cache_tokens": created, "multimodal_tokens": None}
     )
     return {
         "prompt_tokens": prompt,
@@ -131,6 +152,10 @@ class StreamShape:
     prompt_tokens: int
     cached: int | None
     """``cached_tokens`` to report, or None without prompt-token details."""
+    created_cache: int | None = None
+    """``created_cache_tokens`` to report in the usage chunk (0.32 chat), or None."""
+    tail_fields: bool = True
+    """0.33's ``weight_versions``/``kv_transfer_params`` on the terminal chunk."""
     head: bytes = b""
     """``data: {"id":...,"model":...`` - the same in every chunk (computed once)."""
 
@@ -177,6 +202,7 @@ class StreamShape:
         fp = b""
         if finish is not None and not self.include_usage and self.fingerprint is not None:
             fp = b',"system_fingerprint":' + dumps(self.fingerprint)
+        wv = b',"weight_versions":null' if self.tail_fields else b""
         if self.chat:
             if finish is None:
                 choice = b'"logprobs":null,"finish_reason":null,"token_ids":null}]'
@@ -184,9 +210,15 @@ class StreamShape:
                 choice = (
                     b'"logprobs":null,"finish_reason":'
                     + dumps(finish)
-                    + b',"stop_reason":null,"token_ids":null,"weight_versions":null}]'
+                    + b',"stop_reason":null,"token_ids":null'
+                    + wv
+                    + b"}]"
                 )
-            tail = b',"kv_transfer_params":null}\n\n' if finish is not None else b"}\n\n"
+            tail = (
+                b',"kv_transfer_params":null}\n\n'
+                if finish is not None and self.tail_fields
+                else b"}\n\n"
+            )
             return (
                 self._head()
                 + b',"choices":[{"index":0,"delta":{"content":'
@@ -203,11 +235,12 @@ class StreamShape:
             + dumps(text)
             + b',"logprobs":null,"finish_reason":'
             + dumps(finish)
-            + b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null,'
-            + b'"weight_versions":null}]'
+            + b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null'
+            + wv
+            + b"}]"
             + self._cont_usage(completion)
             + fp
-            + b',"kv_transfer_params":null}\n\n'
+            + (b',"kv_transfer_params":null}\n\n' if self.tail_fields else b"}\n\n")
         )
 
     def usage(self, completion: int) -> bytes:
@@ -215,7 +248,7 @@ class StreamShape:
         fp = (
             b"" if self.fingerprint is None else b',"system_fingerprint":' + dumps(self.fingerprint)
         )
-        u = usage_final(self.prompt_tokens, completion, self.cached)
+        u = usage_final(self.prompt_tokens, completion, self.cached, self.created_cache)
         return self._head() + b',"choices":[],"usage":' + dumps(u) + fp + b"}\n\n"
 
 
@@ -232,36 +265,39 @@ def chat_body(
     prompt: int,
     completion: int,
     cached: int | None,
+    created_cache: int | None = None,
+    weight_versions: bool = True,
 ) -> bytes:
+    """``weight_versions`` False: 0.32's choice without that field."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        },
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": None,
+        "routed_experts": None,
+    }
+    if weight_versions:
+        choice["weight_versions"] = None
     return dumps(
         {
             "id": id_,
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": text,
-                        "refusal": None,
-                        "annotations": None,
-                        "audio": None,
-                        "function_call": None,
-                        "reasoning": None,
-                    },
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                    "token_ids": None,
-                    "routed_experts": None,
-                    "weight_versions": None,
-                }
-            ],
+            "choices": [choice],
             "service_tier": None,
             "system_fingerprint": fingerprint,
-            "usage": usage_body(prompt, completion, cached),
+            "usage": usage_body(prompt, completion, cached, created_cache),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
@@ -282,32 +318,36 @@ def completion_body(
     prompt: int,
     completion: int,
     cached: int | None,
+    modern: bool = True,
 ) -> bytes:
-    # Field order of vLLM's CompletionResponse/CompletionResponseChoice [I from S].
-    return dumps(
-        {
-            "id": id_,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                    "token_ids": None,
-                    "prompt_logprobs": None,
-                    "prompt_token_ids": None,
-                }
-            ],
-            "service_tier": None,
-            "system_fingerprint": fingerprint,
-            "usage": usage_body(prompt, completion, cached),
-            "kv_transfer_params": None,
-        }
-    )
+    """Field order of vLLM's CompletionResponse (measured on 0.32; ``modern``
+    False drops what 0.32 added over the older inferred shape)."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "token_ids": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+    }
+    body: dict[str, Any] = {
+        "id": id_,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": usage_body(prompt, completion, cached),
+        "kv_transfer_params": None,
+    }
+    if modern:
+        choice["routed_experts"] = None
+        body["ec_transfer_params"] = None
+        body["metrics"] = None
+    return dumps(body)
 
 
 def models_body(

@@ -305,9 +305,10 @@ def test_older_version_wire_variants(emulator_factory):
         ok = c.post("/v1/chat/completions", json=chat(max_tokens=1)).json()
         assert ok["system_fingerprint"] is None
         r = c.post("/v1/chat/completions", json=chat(stream=True))
-        assert r.content == (
-            b'data: {"error":{"message":"EngineCore encountered an issue. See stack trace (above) '
-            b'for the root cause.","type":"BadRequestError","param":null,"code":400}}\n\n' + DONE
+        assert r.content == (  # create_streaming_error_response: json.dumps, spaced
+            b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace '
+            b'(above) for the root cause.", "type": "BadRequestError", "param": null, '
+            b'"code": 400}}\n\n' + DONE
         )
         r = c.post("/v1/chat/completions", json=chat())
         assert r.status_code == 500 and json.loads(r.content)["error"]["message"].startswith(

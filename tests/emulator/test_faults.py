@@ -20,7 +20,7 @@ from replayer.emulator.faults import (
 def test_spec_with_conditions_params_and_options():
     r = parse_spec("exit code=1 gpu=cuda when request=3 and running >= 2 p=0.5 delay=1.5", 4)
     assert r.name == "fault4" and r.effect == "exit"
-    assert dict(r.params) == {"code": 1, "gpu": "cuda", "after": 1.0}
+    assert dict(r.params) == {"code": 1, "gpu": "cuda", "after": None}  # None: per profile
     assert r.conditions == (Condition("request", "=", 3), Condition("running", ">=", 2))
     assert (r.probability, r.delay, r.times, r.event) == (0.5, 1.5, 1, "request")
     assert r.when == "request=3 and running>=2"

@@ -117,8 +117,22 @@ def test_completion_prompt_forms():
     e = error_of(parse_generation, {"prompt": ""}, False, CFG)
     assert "Either prompt or prompt_embeds must be provided and non-empty." in e.message
     assert error_of(parse_generation, {"prompt": ["a", "b"]}, False, CFG).param == "prompt"
-    assert error_of(parse_generation, {"prompt": [-1]}, False, CFG).message.startswith(
-        "Token id -1 is out of vocabulary"
+    e = error_of(parse_generation, {"prompt": [7, -1]}, False, CFG)  # pydantic's union errors
+    assert (e.status, e.type, e.param) == (400, "Bad Request", "body.prompt.1")
+    assert e.message == (
+        "6 validation errors:\n"
+        "  {'type': 'greater_than_equal', 'loc': 'body.prompt.1', 'msg': 'Input should be greater "
+        "than or equal to 0', 'input': '-1', 'ctx': {'ge': 0}}\n"
+        "  {'type': 'list_type', 'loc': 'body.prompt.0', 'msg': 'Input should be a valid list', "
+        "'input': '7'}\n"
+        "  {'type': 'list_type', 'loc': 'body.prompt.1', 'msg': 'Input should be a valid list', "
+        "'input': '-1'}\n"
+        "  {'type': 'string_type', 'loc': 'body.prompt', 'msg': 'Input should be a valid string', "
+        "'input': '<list of 2 items>'}\n"
+        "  {'type': 'string_type', 'loc': 'body.prompt.0', 'msg': 'Input should be a valid "
+        "string', 'input': '7'}\n"
+        "  {'type': 'string_type', 'loc': 'body.prompt.1', 'msg': 'Input should be a valid "
+        "string', 'input': '-1'}"
     )
 
 

@@ -145,9 +145,16 @@ def test_dead_engine_payloads_per_version():
         b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the '
         b'root cause.","type":"InternalServerError","param":null,"code":500}}'
     )
-    assert b'"type":"BadRequestError","param":null,"code":400' in wire.error_event(
+    assert b'"type": "BadRequestError", "param": null, "code": 400' in wire.error_event(
         "0.10", True, "dead"
     )
+    measured_032 = (  # a real vLLM 0.32.0, kill -9 of EngineCore under a chat stream
+        b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) '
+        b'for the root cause.", "type": "InternalServerError", "param": null, "code": 500}}\n\n'
+    )
+    assert wire.error_event("0.32", True, "dead") == measured_032
+    assert wire.error_event("0.32", False, "dead") == measured_032
+    assert wire.dead_body("0.32") == wire.dead_body("0.10")
     assert wire.dead_body("0.9").startswith(b'{"object":"error","message":"EngineCore')
     assert wire.error_event("0.33", True, "internal") == (
         b'data: {"error":{"message":"Internal server error","type":"InternalServerError",'
