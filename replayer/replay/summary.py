@@ -82,7 +82,7 @@ def summarize_target(
         "client_errors": len(rejected),
         "exercised": exercised(len(sent), len(rejected)),
         "first_rejection": _rejection(min(rejected, key=_seq)) if rejected else None,
-        **_cached(ok, prefix_cache),
+        **_cached(ok, prefix_cache, failed=failure is not None),
     }
 
 
@@ -106,9 +106,13 @@ def _rejection(r: Result) -> dict[str, Any]:
     }
 
 
-def _cached(ok: Sequence[Result], prefix_cache: dict[str, float] | None) -> dict[str, Any]:
+def _cached(
+    ok: Sequence[Result], prefix_cache: dict[str, float] | None, *, failed: bool = False
+) -> dict[str, Any]:
     """Cached prompt tokens: per request when the server reports them (vLLM:
-    ``--enable-prompt-tokens-details``), else the run's prefix-cache counters."""
+    ``--enable-prompt-tokens-details``), else the run's prefix-cache counters
+    (``metrics``; after a failure only up to the last scrape before it, since
+    a dead server has none to give: ``metrics_before_failure``)."""
     reported = [r for r in ok if r.cached_tokens is not None]
     if reported:
         prompt = sum(r.prompt_tokens or 0 for r in reported)
@@ -122,7 +126,7 @@ def _cached(ok: Sequence[Result], prefix_cache: dict[str, float] | None) -> dict
         q = prefix_cache["queries"]
         return {
             "cached_tokens": int(prefix_cache["hits"]),
-            "cached_tokens_source": "metrics",
+            "cached_tokens_source": "metrics_before_failure" if failed else "metrics",
             "prefix_cache_hit_ratio": round(prefix_cache["hits"] / q, 4) if q else None,
         }
     return {"cached_tokens": None, "cached_tokens_source": None, "prefix_cache_hit_ratio": None}
@@ -171,7 +175,11 @@ def render(summary: dict[str, Any]) -> str:
             lines.append(
                 f"  cached {t['cached_tokens']:,} prompt tokens"
                 + (f" ({ratio:.1%} hit ratio)" if ratio is not None else "")
-                + (" from the server's /metrics" if t["cached_tokens_source"] == "metrics" else "")
+                + {
+                    "metrics": " from the server's /metrics",
+                    "metrics_before_failure": " from the server's /metrics until its last "
+                    "scrape before the failure",
+                }.get(t["cached_tokens_source"], "")
             )
         lines.append(f"  ttft {_dist_text(t['ttft_ms'])}")
         lines.append(f"  e2e  {_dist_text(t['e2e_ms'])}")

@@ -74,6 +74,12 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         for line in (out / "journal.jsonl").read_text().splitlines()
         if orjson.loads(line).get("event") == "trial"
     ]
+    # the armed server runs without --enable-prompt-tokens-details: a passing
+    # trial's cached tokens come from vLLM's own counters (a later turn hits
+    # its first turn's blocks)
+    passed = next(t for t in trials if t["outcome"] == "PASS")
+    s = orjson.loads((out / passed["run"] / "summary.json").read_bytes())["targets"]["target"]
+    assert s["cached_tokens_source"] == "metrics" and s["cached_tokens"] > 0
     print(f"\nreal-vLLM bisect: {len(trials)} trials in {took:.0f} s")
     for t in trials:
         print(

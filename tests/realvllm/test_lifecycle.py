@@ -202,10 +202,7 @@ def test_kill_9_of_engine_core_is_process_exit_with_requests_named(
     finally:
         stop(proc, mark)
     assert proc.returncode == 1, out + err
-    t = summary(run)["targets"]["target"]
-    # no --enable-prompt-tokens-details: the hits come from vLLM's counters
-    assert t["cached_tokens_source"] == "metrics" and t["cached_tokens"] > 0
-    f = t["failure"]
+    f = summary(run)["targets"]["target"]["failure"]
     assert f["class"] == "process_exit"
     assert f["request_id"] is not None
     assert f["inflight"], "requests in flight at the kill are named"

@@ -203,9 +203,11 @@ def test_sigstop_of_engine_core_is_a_hang(vllm_shared, traces, tmp_path):
 
 @pytest.mark.parametrize("order", ["strict", "admitted"])
 def test_admission_order(vllm_shared, tmp_path, order):
-    """With 4 renderer workers the server *receives* strict order exactly but
-    may *admit* it out of order; admitted order paces each request on the
-    previous one's response headers, and the engine admits trace order."""
+    """Strict order writes the requests in trace order, but with 4 renderer
+    workers the engine may *admit* them out of order (and across connections
+    the API server may even parse them out of order: seen once in 8 runs);
+    admitted order paces each request on the previous one's response
+    headers, and both the API server and the engine see trace order."""
     ids = ordered_chat_trace(tmp_path / "ordered.arrow", vllm_shared.model)
     start = vllm_shared.admission_log.stat().st_size
     res = replay(
@@ -224,9 +226,13 @@ def test_admission_order(vllm_shared, tmp_path, order):
         log.write_bytes(f.read())
     received = admission_sequence(log, ids, "receipt")
     admitted = admission_sequence(log, ids, "admit")
-    assert received == ids  # both modes: the API server got trace order
-    assert sorted(admitted) == sorted(ids)
-    frac = in_order_fraction(admitted, ids)
-    print(f"admission order {order}: {frac:.3f} in order ({len(ids)} requests)")
+    assert sorted(received) == sorted(admitted) == sorted(ids)
+    sent = sorted(read_results(tmp_path / "run" / "results.arrow"), key=lambda r: r["seq"])
+    assert [r["request_id"] for r in sent] == ids  # both modes: written in trace order
+    print(
+        f"order {order}: received {in_order_fraction(received, ids):.3f}, admitted "
+        f"{in_order_fraction(admitted, ids):.3f} in order ({len(ids)} requests)"
+    )
     if order == "admitted":
+        assert received == ids
         assert admitted == ids
