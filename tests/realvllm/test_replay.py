@@ -205,7 +205,7 @@ def test_sigstop_of_engine_core_is_a_hang(vllm_shared, traces, tmp_path):
 def test_admission_order(vllm_shared, tmp_path, order):
     """Strict order writes the requests in trace order, but with 4 renderer
     workers the engine may *admit* them out of order (and across connections
-    the API server may even parse them out of order: seen once in 8 runs);
+    the API server may even parse them out of order: seen once in 4 runs);
     admitted order paces each request on the previous one's response
     headers, and both the API server and the engine see trace order."""
     ids = ordered_chat_trace(tmp_path / "ordered.arrow", vllm_shared.model)
