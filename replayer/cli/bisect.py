@@ -287,7 +287,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if res.status == "not_reproducible":
         return 1
     if res.status == "not_exercised":
-        return 4
+        from replayer.replay.run import EXIT_NOT_EXERCISED
+
+        return EXIT_NOT_EXERCISED
     k, n = res.reproduction
     from replayer.minimize.stats import describe_rate
 

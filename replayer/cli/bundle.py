@@ -70,11 +70,9 @@ def register(sub: Any) -> None:
     s.set_defaults(func=cmd_soak)
 
 
-class NotExercised(Exception):
-    """A run's requests were mostly rejected: counting it as clean would lie."""
-
-
 async def _runs(env: Any, rows: list[int], out: Path, n: int, label: str) -> list[Any]:
+    from replayer.minimize.trial import NotExercised
+
     results = []
     try:
         for i in range(n):
@@ -89,12 +87,11 @@ async def _runs(env: Any, rows: list[int], out: Path, n: int, label: str) -> lis
     return results
 
 
-def _refuse(cmd: str, exc: NotExercised) -> int:
+def _refuse(cmd: str, exc: Exception) -> int:
+    from replayer.replay.run import EXIT_NOT_EXERCISED
+
     print(f"replayer {cmd}: NOT EXERCISED, refusing to count runs: {exc}", file=sys.stderr)
     return EXIT_NOT_EXERCISED
-
-
-EXIT_NOT_EXERCISED = 4
 
 
 def _out_dir(given: Path | None, base: Path, prefix: str) -> Path:
@@ -156,6 +153,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         api_key=key,
         chase=chase,
     )
+    from replayer.minimize.trial import NotExercised
+
     try:
         results = asyncio.run(_runs(env, rows, out, args.runs, "run"))
     except NotExercised as exc:
@@ -207,6 +206,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
         reset=reset_mode(args.reset),
         api_key=key,
     )
+    from replayer.minimize.trial import NotExercised
+
     try:
         results = asyncio.run(_runs(env, rows, out, args.runs, "soak"))
     except NotExercised as exc:

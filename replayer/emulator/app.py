@@ -49,7 +49,7 @@ from replayer.emulator.generate import (
     log_rejected,
 )
 from replayer.emulator.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from replayer.emulator.parsing import ApiError, parse_json_body, validation_error
+from replayer.emulator.parsing import ApiError, field_error, parse_json_body, validation_error
 from replayer.emulator.runtime import Runtime
 from replayer.emulator.wire import models_body
 
@@ -223,50 +223,16 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 def _tokenize_errors(body: dict[str, Any]) -> list[dict[str, Any] | str]:
-    def summary(v: object) -> str:
-        if isinstance(v, dict):
-            return f"<dict of {len(v)} items>"
-        if isinstance(v, list):
-            return f"<list of {len(v)} items>"
-        return str(v)[:200]
-
+    """pydantic's errors for a body that is neither a completion nor a chat
+    TokenizeRequest: one per field of each form."""
     errors: list[dict[str, Any] | str] = []
-    if "prompt" in body:
-        errors.append(
-            {
-                "type": "string_type",
-                "loc": "body.prompt",
-                "msg": "Input should be a valid string",
-                "input": summary(body["prompt"]),
-            }
-        )
-    else:
-        errors.append(
-            {
-                "type": "missing",
-                "loc": "body.prompt",
-                "msg": "Field required",
-                "input": summary(body),
-            }
-        )
-    if "messages" in body:
-        errors.append(
-            {
-                "type": "list_type",
-                "loc": "body.messages",
-                "msg": "Input should be a valid list",
-                "input": summary(body["messages"]),
-            }
-        )
-    else:
-        errors.append(
-            {
-                "type": "missing",
-                "loc": "body.messages",
-                "msg": "Field required",
-                "input": summary(body),
-            }
-        )
+    for key, kind, what in (("prompt", "string_type", "string"), ("messages", "list_type", "list")):
+        if key in body:
+            errors.append(
+                field_error(kind, f"body.{key}", f"Input should be a valid {what}", body[key])
+            )
+        else:
+            errors.append(field_error("missing", f"body.{key}", "Field required", body))
     return errors
 
 

@@ -83,7 +83,8 @@ def validation_error(errors: list[dict[str, Any] | str]) -> ApiError:
     return ApiError(400, head + "\n  " + "\n  ".join(lines), "Bad Request", param)
 
 
-def _err(type_: str, loc: str, msg: str, value: object) -> dict[str, Any]:
+def field_error(type_: str, loc: str, msg: str, value: object) -> dict[str, Any]:
+    """One pydantic validation error, as vLLM's 400 bodies list them."""
     return {"type": type_, "loc": loc, "msg": msg, "input": _summary(value)}
 
 
@@ -98,21 +99,21 @@ def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
             try:  # the stdlib gives FastAPI's exact position and message
                 body = json.loads(raw)
             except json.JSONDecodeError as exc:
-                e = _err("json_invalid", f"body.{exc.pos}", "JSON decode error", {})
+                e = field_error("json_invalid", f"body.{exc.pos}", "JSON decode error", {})
                 e["ctx"] = {"error": exc.msg}
                 raise validation_error([e]) from None
             except (UnicodeDecodeError, ValueError):
-                e = _err("json_invalid", "body.0", "JSON decode error", {})
+                e = field_error("json_invalid", "body.0", "JSON decode error", {})
                 e["ctx"] = {"error": "Invalid UTF-8"}
                 raise validation_error([e]) from None
     if media != "application/json":
         raise validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
     if not raw:
-        raise validation_error([_err("missing", "body", "Field required", None)])
+        raise validation_error([field_error("missing", "body", "Field required", None)])
     if not isinstance(body, dict):
         raise validation_error(
             [
-                _err(
+                field_error(
                     "model_attributes_type",
                     "body",
                     "Input should be a valid dictionary or object to extract fields from",
@@ -135,7 +136,7 @@ def _check_int(body: dict[str, Any], key: str, errors: list[dict[str, Any] | str
             body[key] = int(v)
         else:
             errors.append(
-                _err(
+                field_error(
                     "int_from_float",
                     loc,
                     "Input should be a valid integer, got a number with a fractional part",
@@ -147,7 +148,7 @@ def _check_int(body: dict[str, Any], key: str, errors: list[dict[str, Any] | str
             body[key] = int(v.strip())
         except ValueError:
             errors.append(
-                _err(
+                field_error(
                     "int_parsing",
                     loc,
                     "Input should be a valid integer, unable to parse string as an integer",
@@ -155,7 +156,7 @@ def _check_int(body: dict[str, Any], key: str, errors: list[dict[str, Any] | str
                 )
             )
     else:
-        errors.append(_err("int_type", loc, "Input should be a valid integer", v))
+        errors.append(field_error("int_type", loc, "Input should be a valid integer", v))
 
 
 def _check_bool(d: dict[str, Any], key: str, loc: str, errors: list[dict[str, Any] | str]) -> None:
@@ -168,12 +169,12 @@ def _check_bool(d: dict[str, Any], key: str, loc: str, errors: list[dict[str, An
         d[key] = v.lower() in _TRUE
     elif isinstance(v, str):
         errors.append(
-            _err(
+            field_error(
                 "bool_parsing", loc, "Input should be a valid boolean, unable to interpret input", v
             )
         )
     else:
-        errors.append(_err("bool_type", loc, "Input should be a valid boolean", v))
+        errors.append(field_error("bool_type", loc, "Input should be a valid boolean", v))
 
 
 @dataclass(slots=True)
@@ -210,14 +211,16 @@ def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> G
     if chat:
         msgs = body.get("messages")
         if "messages" not in body:
-            errors.append(_err("missing", "body.messages", "Field required", body))
+            errors.append(field_error("missing", "body.messages", "Field required", body))
         elif not isinstance(msgs, list):
-            errors.append(_err("list_type", "body.messages", "Input should be a valid list", msgs))
+            errors.append(
+                field_error("list_type", "body.messages", "Input should be a valid list", msgs)
+            )
         else:
             for i, m in enumerate(msgs):
                 if not isinstance(m, dict):
                     errors.append(
-                        _err(
+                        field_error(
                             "model_type",
                             f"body.messages.{i}",
                             "Input should be a valid dictionary or instance of Message",
@@ -225,10 +228,14 @@ def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> G
                         )
                     )
                 elif not isinstance(m.get("role"), str):
-                    errors.append(_err("missing", f"body.messages.{i}.role", "Field required", m))
+                    errors.append(
+                        field_error("missing", f"body.messages.{i}.role", "Field required", m)
+                    )
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        errors.append(_err("string_type", "body.model", "Input should be a valid string", model))
+        errors.append(
+            field_error("string_type", "body.model", "Input should be a valid string", model)
+        )
     for key in ("max_tokens", "max_completion_tokens", "n", "min_tokens", "seed"):
         _check_int(body, key, errors)
     for key in ("stream", "ignore_eos"):
@@ -236,7 +243,7 @@ def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> G
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         errors.append(
-            _err(
+            field_error(
                 "model_type",
                 "body.stream_options",
                 "Input should be a valid dictionary or instance of StreamOptions",
@@ -380,7 +387,7 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[bytes, bool]:
     prompt = body.get("prompt")
     empty = "Either prompt or prompt_embeds must be provided and non-empty."
     if prompt is None or prompt == "" or prompt == []:
-        e = _err("value_error", "body", f"Value error, {empty}", body)
+        e = field_error("value_error", "body", f"Value error, {empty}", body)
         e["ctx"] = {"error": empty}
         raise validation_error([e])
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -401,7 +408,7 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[bytes, bool]:
             f"The replayer emulator serves one prompt per request, got {len(prompt)}.", "prompt"
         )
     raise validation_error(
-        [_err("string_type", "body.prompt", "Input should be a valid string", prompt)]
+        [field_error("string_type", "body.prompt", "Input should be a valid string", prompt)]
     )
 
 
@@ -411,7 +418,7 @@ def _negative_ids(prompt: list[int]) -> list[dict[str, Any] | str]:
     errors: list[dict[str, Any] | str] = []
     for i, t in enumerate(prompt):
         if t < 0:
-            e = _err(
+            e = field_error(
                 "greater_than_equal",
                 f"body.prompt.{i}",
                 "Input should be greater than or equal to 0",
@@ -420,10 +427,16 @@ def _negative_ids(prompt: list[int]) -> list[dict[str, Any] | str]:
             e["ctx"] = {"ge": 0}
             errors.append(e)
     for i, t in enumerate(prompt):
-        errors.append(_err("list_type", f"body.prompt.{i}", "Input should be a valid list", t))
-    errors.append(_err("string_type", "body.prompt", "Input should be a valid string", prompt))
+        errors.append(
+            field_error("list_type", f"body.prompt.{i}", "Input should be a valid list", t)
+        )
+    errors.append(
+        field_error("string_type", "body.prompt", "Input should be a valid string", prompt)
+    )
     for i, t in enumerate(prompt):
-        errors.append(_err("string_type", f"body.prompt.{i}", "Input should be a valid string", t))
+        errors.append(
+            field_error("string_type", f"body.prompt.{i}", "Input should be a valid string", t)
+        )
     return errors
 
 

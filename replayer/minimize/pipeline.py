@@ -50,7 +50,7 @@ from replayer.minimize.oracle import (
 )
 from replayer.minimize.search import bisect_reduce, shortest_prefix
 from replayer.minimize.stats import describe_rate, wilson, zero_upper
-from replayer.minimize.trial import TrialEnv
+from replayer.minimize.trial import NotExercised, TrialEnv
 from replayer.monitor.signature import Signature
 from replayer.replay.policy import Timing
 from replayer.replay.results import read_results
@@ -64,11 +64,6 @@ STAGES = ("calibrate", "cut", "prefix", "sessions", "turns", "timing")
 
 class NotReproducible(Exception):
     """Calibration saw no crash of the full trace."""
-
-
-class NotExercised(Exception):
-    """A calibration run's requests were mostly rejected as client errors:
-    the server never ran the trace, so "not reproducible" would be a lie."""
 
 
 @dataclass

@@ -40,6 +40,11 @@ EXIT_WAIT = 15.0
 """Seconds a trial waits for a server that stopped listening to exit."""
 
 
+class NotExercised(Exception):
+    """A run's requests were mostly rejected as client errors: the server never
+    ran the trace, so neither "clean" nor "not reproducible" may come from it."""
+
+
 class _Alive:
     """A lifecycle target seen as the monitor's process probe."""
 

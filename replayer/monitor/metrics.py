@@ -117,13 +117,20 @@ class MetricsScraper:
     history: dict[str, list[Scrape]] = field(default_factory=dict)
     keep: int = 8
     errors: int = 0
+    _primed: list[Scrape] = field(default_factory=list)
 
-    async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+    async def scrape_once(
+        self, session: aiohttp.ClientSession, *, within: float | None = None, write: bool = True
+    ) -> list[Scrape]:
+        """Scrape every source once (each bounded by ``within``, default
+        ``timeout``); what was scraped."""
         loop = asyncio.get_running_loop()
+        got = []
         for url in self.sources:
             t = loop.time() - self.t0
+            limit = aiohttp.ClientTimeout(total=self.timeout if within is None else within)
             try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+                async with session.get(url, timeout=limit) as r:
                     if r.status != 200:
                         self.errors += 1
                         continue
@@ -132,17 +139,24 @@ class MetricsScraper:
                 self.errors += 1
                 continue
             s = Scrape(t=t, source=url, text=text)
+            got.append(s)
             self.last[url] = s
             self.first.setdefault(url, s)
             hist = self.history.setdefault(url, [])
             hist.append(s)
             del hist[: -self.keep]
-            if self.writer is not None:
-                try:
-                    self.writer.add(s)
-                except ValueError as exc:  # not Prometheus text: keep going
-                    self.errors += 1
-                    log.warning("metrics from %s did not parse: %s", url, exc)
+            if write:
+                self._write(s)
+        return got
+
+    def _write(self, s: Scrape) -> None:
+        if self.writer is None:
+            return
+        try:
+            self.writer.add(s)
+        except ValueError as exc:  # not Prometheus text: keep going
+            self.errors += 1
+            log.warning("metrics from %s did not parse: %s", s.source, exc)
 
     async def run(self, stop: asyncio.Event) -> None:
         # scrapes every ~5 s would meet vLLM's 5 s idle close head on (see IDLE_CLOSE_S)
@@ -152,39 +166,32 @@ class MetricsScraper:
                 await self.scrape_once(session)
                 await wait_event(stop, self.interval)
 
+    async def _one_off(self, *, write: bool) -> list[Scrape]:
+        if not self.sources:
+            return []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
+            return await self.scrape_once(session, within=self.final_timeout, write=write)
+
     async def prime(self) -> None:
         """One scrape before the anchor is set (bounded by ``final_timeout``):
         the run's counters then start from what the server had counted
         before the first request, not from whenever the first periodic scrape
         got through. :meth:`anchor` dates and writes it."""
-        if not self.sources:
-            return
-        writer, self.writer, self.t0 = self.writer, None, 0.0
-        try:
-            await self.final()
-        finally:
-            self.writer = writer
+        self.t0 = 0.0
+        self._primed = await self._one_off(write=False)
 
     def anchor(self, t0: float) -> None:
         """Set the anchor; a primed scrape becomes the first row, dated before it."""
-        for s in list(self.first.values()):
-            if s.t > 0:  # primed: absolute loop time
-                s.t -= t0
-                if self.writer is not None:
-                    self.writer.add(s)
+        for s in self._primed:
+            s.t -= t0  # it was taken in absolute loop time
+            self._write(s)
+        self._primed = []
         self.t0 = t0
 
     async def final(self) -> None:
         """One last scrape when the replay ends (bounded by ``final_timeout``):
         the run's counters then cover every request."""
-        if not self.sources:
-            return
-        keep, self.timeout = self.timeout, self.final_timeout
-        try:
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
-                await self.scrape_once(session)
-        finally:
-            self.timeout = keep
+        await self._one_off(write=True)
 
     def counter_delta(self, url: str, name: str) -> float | None:
         """How much a counter (summed over its label sets) grew from the first

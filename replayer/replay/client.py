@@ -287,7 +287,5 @@ def is_target_failure(r: Result) -> bool:
     if r.status in (Status.TRANSPORT_ERROR, Status.TIMEOUT):
         return r.error_class != "client_resources"
     if r.status is Status.HTTP_ERROR:
-        return not is_client_error(r) and (
-            r.error_class == "stream_error" or (r.http_status or 0) >= 500
-        )
+        return r.error_class == "stream_error" or (r.http_status or 0) >= 500
     return False

@@ -179,7 +179,7 @@ async def replay_to_dir(
         for name, run in replay.runs.items()
     }
     for t in targets_summary.values():
-        _hint_rejection(trace, policy, t)
+        _hint_rejection(trace, t)
     failed = any(t["failed"] for t in targets_summary.values())
     unexercised = [n for n, t in targets_summary.items() if not t["exercised"]]
     code = EXIT_FAILED if failed else EXIT_NOT_EXERCISED if unexercised else EXIT_OK
@@ -193,7 +193,7 @@ async def replay_to_dir(
     return RunOutcome(code, summary, out, replay)
 
 
-def _hint_rejection(trace: Trace, policy: ReplayPolicy, t: dict[str, Any]) -> None:
+def _hint_rejection(trace: Trace, t: dict[str, Any]) -> None:
     """An out-of-vocabulary rejection of a blocks request names the token
     range that made its ids (the trace's default fits no small vocabulary)."""
     f = t.get("first_rejection")

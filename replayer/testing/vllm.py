@@ -57,7 +57,6 @@ RECIPE = 1
 MIN_FREE_BYTES = 8 << 30
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 PLUGIN_ENTRY_POINT = "replayer_faults = replayer.testing.vllm_plugin:register"
-INSTALL_TIMEOUT = 1800.0
 PACKAGE_ROOT = Path(replayer.__file__).resolve().parent.parent
 """The directory holding the ``replayer`` package: on ``PYTHONPATH`` of every
 server started here, so the plugin and the model builder are this checkout's."""
@@ -85,17 +84,23 @@ class VLLMEnv:
         return self.root / "bin" / "vllm"
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The environment for this venv's programs: replayer importable, and
-        vLLM on CPU with a small KV cache."""
+        """The environment for this venv's programs: this one's, without our
+        own venv, plus :func:`server_environ` and ``extra``."""
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
-        env["PYTHONPATH"] = str(PACKAGE_ROOT)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        env["VLLM_NO_USAGE_STATS"] = "1"
-        env["DO_NOT_TRACK"] = "1"
-        env["HF_HUB_OFFLINE"] = "1"
-        env["TRANSFORMERS_OFFLINE"] = "1"
-        env.update(extra or {})
-        return env
+        return {**env, **server_environ(), **(extra or {})}
+
+
+def server_environ() -> dict[str, str]:
+    """What every vLLM started here needs: replayer importable (the plugin,
+    the model builder), a small CPU KV cache, no hub and no usage reports."""
+    return {
+        "PYTHONPATH": str(PACKAGE_ROOT),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
 
 
 def cache_dir() -> Path:
@@ -460,13 +465,7 @@ def serve_command(
 ) -> str:
     """``vllm serve`` as one ``--launch`` string: leading ``NAME=value`` words
     carry what the server needs (replayer importable, plugin rules)."""
-    want = {
-        "PYTHONPATH": str(PACKAGE_ROOT),
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": "1",
-        **(environ or {}),
-    }
+    want = {**server_environ(), **(environ or {})}
     words = [f"{k}={shlex.quote(v)}" for k, v in want.items()]
     argv = serve_argv(env, model, port, extra=extra, tools=tools, served_name=served_name)
     return " ".join(words + [shlex.join(argv)])
@@ -475,10 +474,6 @@ def serve_command(
 def engine_core_pids(root_pid: int) -> list[int]:
     """Pids of ``VLLM::EngineCore`` processes in ``root_pid``'s process group."""
     return _titled(root_pid, b"VLLM::EngineCore")
-
-
-def worker_pids(root_pid: int) -> list[int]:
-    return _titled(root_pid, b"VLLM::Worker")
 
 
 def _titled(root_pid: int, title: bytes) -> list[int]:
