@@ -271,7 +271,10 @@ def vllm_plain(
 ) -> Iterator[Any]:
     """The one dedicated real vLLM: no tool flags; killed by the last test.
     A thread notes when its port starts accepting (vLLM's watchdog starts
-    then, give or take its lifespan start-up)."""
+    then, give or take its lifespan start-up). The plugin caps it at ~100
+    tokens/s (10 ms more per step): the tiny model streams 8,000 tokens in
+    ~6 s on a fast machine, which ended the death test's stream before its
+    kill (CI, stop 18); the wire is unchanged."""
     from replayer.testing.vllm import VLLMServer, free_port
 
     srv = VLLMServer(
@@ -282,6 +285,7 @@ def vllm_plain(
         extra=("--enable-prompt-tokens-details",),
         served_name=MODEL,
         port=free_port(),
+        environ={"REPLAYER_VLLM_FAULTS": "slow add=0.01 when step=1"},
     )
     seen: list[float] = []
 
@@ -922,6 +926,7 @@ def test_engine_death(plain: Server) -> None:
     now = time.monotonic()
     at = now + (0.5 - (now - since)) % WATCHDOG  # 0.5 s after a tick
     poll_until(lambda: time.monotonic() >= at, WATCHDOG + 1, what="a watchdog phase")
+    assert not s.done.is_set(), "the stream ended before the kill: " + repr(bytes(s.buf[-200:]))
     plain.kill_engine()
     assert s.done.wait(BOUND), "the stream did not end"
     assert s.error is None and s.status == 200
