@@ -2,7 +2,7 @@
 the emulator in ``--speed instant``.
 
 1. **Client choice**: the hot path (POST a prebuilt body, read the SSE
-   stream, decode it with replayer's own ``SSEDecoder``/``StreamStats``) in
+   stream, decode it with replayer's own ``SSEDecoder``/``ChatAccumulator``) in
    aiohttp and in httpx, closed loop, each in a child pinned to one core:
    requests/s with 2-token streams, SSE chunks/s with 256-token streams.
 2. **Schedule lag** at 200, 1,000 and 3,000 req/s offered (open loop: one
@@ -601,7 +601,7 @@ async def _client_load(
 ) -> dict[str, Any]:
     import orjson
 
-    from replayer.replay.sse import SSEDecoder, StreamStats
+    from replayer.wire import ChatAccumulator, SSEDecoder
 
     body = orjson.dumps(
         {
@@ -627,16 +627,16 @@ async def _client_load(
         )
 
         async def one() -> None:
-            dec, stats = SSEDecoder(), StreamStats()
+            dec, acc = SSEDecoder(), ChatAccumulator()
             async with session.post(target, data=body, headers=headers) as r:
                 if r.status != 200:
                     counts["errors"] += 1
                 async for chunk in r.content.iter_any():
                     now = loop.time()
-                    for data in dec.feed(chunk):
-                        stats.event(data, now)
-            counts["chunks"] += stats.chunks
-            counts["errors"] += not stats.done
+                    for ev in dec.feed(chunk):
+                        acc.event(ev, now)
+            counts["chunks"] += acc.reply.chunks
+            counts["errors"] += not acc.reply.done
 
         close = session.close
     else:
@@ -648,16 +648,16 @@ async def _client_load(
         )
 
         async def one() -> None:
-            dec, stats = SSEDecoder(), StreamStats()
+            dec, acc = SSEDecoder(), ChatAccumulator()
             async with client.stream("POST", target, content=body, headers=headers) as r:
                 if r.status_code != 200:
                     counts["errors"] += 1
                 async for chunk in r.aiter_raw():
                     now = loop.time()
-                    for data in dec.feed(chunk):
-                        stats.event(data, now)
-            counts["chunks"] += stats.chunks
-            counts["errors"] += not stats.done
+                    for ev in dec.feed(chunk):
+                        acc.event(ev, now)
+            counts["chunks"] += acc.reply.chunks
+            counts["errors"] += not acc.reply.done
 
         close = client.aclose
 

@@ -5,9 +5,9 @@ process (VLLM.md §2, §7.4).
   traceback, ``AsyncLLM output_handler failed``), then engine death: every
   in-flight request gets the dead-engine error, ``/health`` turns 503. For
   ``exit`` the shutdown follows ``after`` seconds later (default: see
-  :meth:`Runtime.exit_delay`), or at once when a new request meets the dead
-  engine (vLLM's ``terminate_if_errored``), unless
-  ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``.
+  :meth:`~replayer.emulator.runtime.Runtime.exit_delay`), or at once when a
+  new request meets the dead engine (vLLM's ``terminate_if_errored``),
+  unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``.
 * :meth:`Effects.engine_killed` (SIGUSR1 to the process): what ``kill -9`` of
   vLLM's EngineCore does - no GPU error or engine traceback, the API server's
   ``engine core exited unexpectedly`` and ``EngineDeadError``, then the same
@@ -18,27 +18,56 @@ process (VLLM.md §2, §7.4).
 * ``slow``: the step-time multiplier and per-step delay.
 * ``error``: one request fails with the per-request internal error.
 
-Effects are applied by the engine loop; this module must not block.
+Effects are applied by the engine loop; this module must not block. It sees
+the server through :class:`Host`, the few things it acts on, not through
+:class:`~replayer.emulator.runtime.Runtime` (which owns the effects): the
+dependency goes one way, runtime -> effects.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from replayer._async import spawn
+from replayer.emulator.config import EmulatorConfig
+from replayer.emulator.engine import Engine
 from replayer.emulator.faults import FaultRule
-from replayer.emulator.logs import BatchDump
+from replayer.emulator.logs import BatchDump, ServerLog
 
 if TYPE_CHECKING:
     from replayer.emulator.request import Request
-    from replayer.emulator.runtime import Runtime
+
+
+class Host(Protocol):
+    """What effects act on: the server's config, log and engine, and its process
+    (implemented by :class:`~replayer.emulator.runtime.Runtime`)."""
+
+    @property
+    def cfg(self) -> EmulatorConfig: ...
+
+    @property
+    def log(self) -> ServerLog: ...
+
+    @property
+    def engine(self) -> Engine: ...
+
+    def schedule_exit(self, code: int, after: float | None) -> None:
+        """Shut the server down ``after`` seconds from now (None: its default delay)."""
+
+    def kill(self) -> None:
+        """The API process dies at once."""
 
 
 class Effects:
-    """The server's :class:`~replayer.emulator.engine.EffectSink`."""
+    """The server's :class:`~replayer.emulator.engine.EffectSink`.
 
-    def __init__(self, rt: Runtime) -> None:
+    **Usage**::
+
+        effects = Effects(host)     # host: the Runtime, whose engine calls apply()
+    """
+
+    def __init__(self, rt: Host) -> None:
         self.rt = rt
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from replayer._async import wait_event
-from replayer.replay.client import out_of_fds
+from replayer._http import out_of_fds
 
 
 @dataclass(frozen=True, slots=True)

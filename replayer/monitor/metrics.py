@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from replayer._arrow import read_stream
 from replayer._async import wait_event
-from replayer.replay.client import IDLE_CLOSE_S
+from replayer._http import pooled_connector
 
 log = logging.getLogger("replayer.monitor")
 
@@ -160,8 +160,7 @@ class MetricsScraper:
 
     async def run(self, stop: asyncio.Event) -> None:
         # scrapes every ~5 s would meet vLLM's 5 s idle close head on (see IDLE_CLOSE_S)
-        conn = aiohttp.TCPConnector(limit=4, keepalive_timeout=IDLE_CLOSE_S)
-        async with aiohttp.ClientSession(connector=conn) as session:
+        async with aiohttp.ClientSession(connector=pooled_connector(4)) as session:
             while not stop.is_set():
                 await self.scrape_once(session)
                 await wait_event(stop, self.interval)
@@ -169,7 +168,7 @@ class MetricsScraper:
     async def _one_off(self, *, write: bool) -> list[Scrape]:
         if not self.sources:
             return []
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
+        async with aiohttp.ClientSession(connector=pooled_connector(4)) as session:
             return await self.scrape_once(session, within=self.final_timeout, write=write)
 
     async def prime(self) -> None:

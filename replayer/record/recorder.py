@@ -39,10 +39,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from replayer.record.capture import Reply
 from replayer.record.redact import Redactor
 from replayer.record.sessions import Assignment, SessionTracker
 from replayer.trace.writer import RequestRecord
+from replayer.wire import Reply
 
 log = logging.getLogger("replayer.record")
 

@@ -8,7 +8,6 @@ transport becomes a status and an error class, never an escape.
 from __future__ import annotations
 
 import asyncio
-import errno
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,27 +15,11 @@ import aiohttp
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from replayer._http import IDLE_CLOSE_S as IDLE_CLOSE_S  # re-export: engine.py reads it here
+from replayer._http import out_of_fds
 from replayer.monitor.classify import is_engine_death_message
 from replayer.replay.results import Result, Status
-from replayer.replay.sse import SSEDecoder, StreamStats
-
-IDLE_CLOSE_S = 2.0
-"""Idle pooled connections are closed after this many seconds.
-
-vLLM (uvicorn) closes an idle keep-alive connection after 5 s
-(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``). A client that keeps idle connections
-longer (aiohttp's default is 15 s) can write a request on a connection the
-server is closing at that moment: the POST fails before any response byte,
-is not retried (it is not idempotent), and a healthy server is reported as
-crashed. Measured in bench/replay.py: a client busy building 0.5 MB bodies
-hit it on the kv-cache-tester corpus. Closing well before the server does
-leaves a 3 s margin for the event loop to be busy."""
-
-
-def out_of_fds(exc: aiohttp.ClientConnectorError) -> bool:
-    """The connection failed for lack of file descriptors: this process's
-    limit (see ``ulimit -n``), which says nothing about the server."""
-    return exc.os_error.errno in (errno.EMFILE, errno.ENFILE)
+from replayer.wire import Api, Reply, SSEDecoder, accumulator, api_for_path, error_message
 
 
 @dataclass(frozen=True)
@@ -132,23 +115,6 @@ def sent_tracing() -> aiohttp.TraceConfig:
     return tc
 
 
-def error_message(payload: bytes) -> str:
-    """The message of an error body (OpenAI envelope, vLLM's flat form, or text)."""
-    try:
-        obj = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return payload[:500].decode(errors="replace")
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])[:2000]
-        if isinstance(err, str):
-            return err[:2000]
-        if "detail" in obj:
-            return str(obj["detail"])[:2000]
-    return payload[:500].decode(errors="replace")
-
-
 async def send(
     session: aiohttp.ClientSession,
     url: str,
@@ -161,17 +127,21 @@ async def send(
     keep_text: bool = False,
     sent: asyncio.Future[None] | None = None,
     answered: asyncio.Future[None] | None = None,
-    stats: StreamStats | None = None,
-) -> StreamStats:
+    stats: Reply | None = None,
+) -> Reply:
     """Send one request and fill ``result`` (times relative to ``t0``).
 
-    ``sent`` resolves once the body is handed to the transport (needs a
-    session made with :func:`sent_tracing`), ``answered`` once the response
-    headers are in; both resolve when the request ends, whatever happened."""
+    The response is read by the accumulator of the API ``url`` names (chat
+    completions for a path it does not know) into ``stats``, which the
+    caller may watch while the stream runs. ``sent`` resolves once the body
+    is handed to the transport (needs a session made with
+    :func:`sent_tracing`), ``answered`` once the response headers are in;
+    both resolve when the request ends, whatever happened."""
     loop = asyncio.get_running_loop()
-    stats = stats if stats is not None else StreamStats()
+    stats = stats if stats is not None else Reply()
     if keep_text:
-        stats.keep_text()
+        stats.keep_text = True
+    acc = accumulator(api_for_path(url) or Api.CHAT, stats)
     started = False
 
     def us(t: float) -> int:
@@ -192,16 +162,16 @@ async def send(
                 result.status = Status.HTTP_ERROR
                 result.error_class = f"http_{resp.status}"
                 result.error = error_message(payload)
-            elif resp.content_type == "text/event-stream":
+            elif resp.content_type == "text/event-stream":  # aiohttp's: lower case, no parameters
                 dec = SSEDecoder()
                 async for chunk in resp.content.iter_any():
                     now = loop.time()
-                    for data in dec.feed(chunk):
-                        stats.event(data, now)
+                    for ev in dec.feed(chunk):
+                        acc.event(ev, now)
                 if stats.error is not None:
                     result.status = Status.HTTP_ERROR
-                    result.error = str(stats.error.get("message", stats.error))[:2000]
-                    result.error_class = stream_error_class(stats.error, result.error)
+                    result.error = stats.error[:2000]
+                    result.error_class = stream_error_class(stats.error_code, result.error)
                 elif not stats.done:
                     result.status = Status.TRANSPORT_ERROR
                     result.error_class = "stream_cut"
@@ -210,13 +180,16 @@ async def send(
                     result.status = Status.OK
             else:
                 payload = await resp.read()
-                try:
-                    stats.whole(orjson.loads(payload))
-                    result.status = Status.OK
-                except orjson.JSONDecodeError:
+                if not acc.body(payload):
                     result.status = Status.HTTP_ERROR
                     result.error_class = "bad_body"
                     result.error = payload[:500].decode(errors="replace")
+                elif stats.error is not None:  # an error object in a 200 body
+                    result.status = Status.HTTP_ERROR
+                    result.error = stats.error[:2000]
+                    result.error_class = stream_error_class(stats.error_code, result.error)
+                else:
+                    result.status = Status.OK
     except TimeoutError:
         result.status = Status.TIMEOUT
         result.error_class = "timeout"
@@ -253,18 +226,17 @@ async def send(
     result.cached_tokens = stats.cached_tokens
     result.finish_reason = stats.finish_reason
     result.output_hash = stats.output_hash if result.status is Status.OK else None
-    if keep_text and stats.text is not None:
-        result.output_text = "".join(stats.text)
+    if keep_text:
+        result.output_text = stats.text or ""
     return stats
 
 
-def stream_error_class(error: dict[str, Any], message: str) -> str:
+def stream_error_class(code: Any, message: str) -> str:
     """``stream_error`` (the server failed), or ``stream_4xx`` for a client
     error vLLM reports inside a 200 stream (an out-of-vocabulary token id, a
     bad parameter found after the headers went out: ../shared/REAL-VLLM.md
-    D1). An engine-death message wins whatever its code: older vLLM sent
-    those as 400."""
-    code = error.get("code")
+    D1), given the error's ``code`` and message. An engine-death message
+    wins whatever its code: older vLLM sent those as 400."""
     if isinstance(code, str) and code.isdigit():
         code = int(code)
     if isinstance(code, int) and 400 <= code < 500 and not is_engine_death_message(message):

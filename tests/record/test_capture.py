@@ -1,6 +1,7 @@
-"""Response assembly from vLLM's wire shapes (VLLM.md §2.2, §3): streamed text,
-tool-call fragments, usage with cached tokens, errors, JSON bodies; events split
-at every possible byte boundary assemble the same."""
+"""The recorder's response assembly: what it adds to the wire layer (tests/wire)
+- gzip bodies, the size bound, bytes counted, first-token time per read, the
+end-of-stream check the proxy runs before relaying - on vLLM's wire shapes
+(VLLM.md §2.2, §3)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import orjson
 import pytest
 
 from replayer.record.capture import Capture
+from replayer.wire import Api
 
 from .conftest import TOOL_CALL, tool_body, tool_stream
 
@@ -29,15 +31,10 @@ CHAT_SSE = (
     b'"prompt_tokens_details":{"cached_tokens":118784}},"system_fingerprint":"vllm-0.33.0"}\n\n'
     b"data: [DONE]\n\n"
 )
-DEAD_EVENT = (
-    b'data: {"error":{"message":"The server had an error while processing your request.",'
-    b'"type":"InternalServerError","param":null,"code":500}}\n\n'
-    b"data: [DONE]\n\n"
-)
 
 
 def assemble(data: bytes, *, chat: bool = True, sse: bool = True, step: int = 0, **kw):
-    cap = Capture(chat=chat, sse=sse, **kw)
+    cap = Capture(Api.CHAT if chat else Api.COMPLETIONS, sse=sse, **kw)
     if step:
         for i in range(0, len(data), step):
             cap.feed(data[i : i + step], i)
@@ -64,9 +61,11 @@ def test_events_split_anywhere_assemble_the_same(step):
 
 
 def test_crlf_framing_and_unterminated_last_event():
+    # an event the upstream cut before its blank line is dropped, as a client
+    # drops it (the recorder used to count it: tests/wire/test_sse.py)
     data = CHAT_SSE.replace(b"\n", b"\r\n").replace(b"data: [DONE]\r\n\r\n", b"")
     _, r = assemble(data[: -len(b"\r\n\r\n")] + b'\r\n\r\ndata: {"choices":[]}')
-    assert r.text == "Hello!" and r.done is False and r.events == 5
+    assert r.text == "Hello!" and r.done is False and r.events == 4
 
 
 def test_tool_call_fragments_accumulate_like_the_sdk():
@@ -74,50 +73,6 @@ def test_tool_call_fragments_accumulate_like_the_sdk():
     assert r.tool_calls == [TOOL_CALL]
     assert (r.text, r.finish_reason, r.cached_tokens) == ("", "tool_calls", 96)
     assert r.message() == {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}
-
-
-def test_reasoning_and_several_choices():
-    events = b"".join(
-        b"data: " + orjson.dumps({"choices": [c]}) + b"\n\n"
-        for c in [
-            {"index": 0, "delta": {"reasoning": "think "}},
-            {"index": 1, "delta": {"content": "other"}},
-            {"index": 0, "delta": {"reasoning_content": "more"}},
-            {"index": 0, "delta": {"content": "answer"}, "finish_reason": "stop"},
-        ]
-    )
-    _, r = assemble(events)
-    assert (r.text, r.reasoning, r.choices, r.finish_reason) == ("answer", "think more", 2, "stop")
-
-
-def test_in_stream_error_event_after_tokens():
-    cap, r = assemble(CHAT_SSE.split(b"data: [DONE]")[0].rsplit(b"data:", 2)[0] + DEAD_EVENT)
-    assert r.error == "The server had an error while processing your request."
-    assert (r.error_type, r.error_code, r.text, r.done) == (
-        "InternalServerError",
-        500,
-        "Hello",
-        True,
-    )
-
-
-def test_completions_stream_and_flat_old_error():
-    data = (
-        b'data: {"choices":[{"index":0,"text":" world","finish_reason":null}]}\n\n'
-        b'data: {"choices":[{"index":0,"text":"!","finish_reason":"length"}]}\n\n'
-        b'data: {"choices":[],"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}}'
-        b"\n\ndata: [DONE]\n\n"
-    )
-    _, r = assemble(data, chat=False)
-    assert (r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens) == (
-        " world!",
-        "length",
-        5,
-        2,
-    )
-    flat = b'data: {"object":"error","message":"boom","type":"BadRequestError","code":400}\n\n'
-    _, r = assemble(flat, chat=False)
-    assert (r.error, r.error_type, r.error_code) == ("boom", "BadRequestError", 400)
 
 
 def test_json_bodies_chat_tool_calls_completion_and_errors():
@@ -132,7 +87,7 @@ def test_json_bodies_chat_tool_calls_completion_and_errors():
     assert (r.text, r.finish_reason) == (" done", "stop")
 
     err = b'{"error":{"message":"The model `x` does not exist.","type":"NotFoundError","code":404}}'
-    cap = Capture(chat=True, sse=False)
+    cap = Capture(Api.CHAT, sse=False)
     cap.feed(err, 0)
     r = cap.finish(404)
     assert (r.error, r.error_type, r.error_code) == (
@@ -140,7 +95,7 @@ def test_json_bodies_chat_tool_calls_completion_and_errors():
         "NotFoundError",
         404,
     )
-    cap = Capture(chat=True, sse=False)
+    cap = Capture(Api.CHAT, sse=False)
     cap.feed(b"Internal Server Error", 0)
     assert cap.finish(500).error == "Internal Server Error"
 
@@ -158,3 +113,26 @@ def test_garbage_is_counted_not_fatal():
     assert (r.bad, r.text) == (2, "Hello!")
     _, r = assemble(b"x" * 100, sse=False, limit=10)
     assert r.truncated and r.text is None
+
+
+def test_the_end_is_seen_in_the_read_that_holds_it():
+    # the proxy parses a read before relaying it once the stream may end in it,
+    # so the reply is known before the client sees [DONE] and sends its next turn
+    stop = CHAT_SSE.index(b"\n\n", CHAT_SSE.index(b'"finish_reason":"stop"')) + 2
+    cap = Capture(Api.CHAT, sse=True)
+    cap.feed(CHAT_SSE[: stop - 1], 1)
+    assert not cap.finishing and not cap.may_end(b"data: {}")
+    assert cap.may_end(b"data: [DONE]\n\n")
+    cap.feed(CHAT_SSE[stop - 1 : stop + 10], 2)
+    assert cap.finishing and cap.may_end(b"") and not cap.done
+    cap.feed(CHAT_SSE[stop + 10 :], 3)
+    assert cap.done and cap.reply().text == "Hello!" and cap.first_token_ns == 1
+
+
+def test_an_unterminated_line_past_the_bound_stops_the_assembly():
+    first = CHAT_SSE[: CHAT_SSE.index(b"\n\n") + 2]
+    cap = Capture(Api.CHAT, sse=True, limit=100)
+    cap.feed(first + b"data: " + b"x" * 200, 0)  # a complete event, then no line end
+    cap.feed(b"\n\n" + CHAT_SSE, 1)
+    r = cap.finish()
+    assert r.truncated and r.events == 1 and cap.bytes == len(first) + 206 + 2 + len(CHAT_SSE)
