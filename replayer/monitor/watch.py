@@ -14,7 +14,12 @@ progress for ``stall_timeout`` seconds while the server still answers
 ``/health`` 200, and only once every request still waiting for its first
 token has waited past its prefill allowance (``stall_timeout + input tokens
 / min_prefill_rate``): a long prefill sends no bytes for minutes, and that
-is not a hang.
+is not a hang. It wakes at the moment that rule would hold (at the latest a
+tick later, to see new requests), so it fires at its threshold, not up to a
+tick after it.
+
+All times are read from one :class:`~replayer._clock.Clock` (the engine's),
+so the watch runs on a test's virtual clock as exactly as the scheduler.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from replayer._async import spawn, wait_event
+from replayer._async import spawn
+from replayer._clock import REAL, Clock
 from replayer.monitor.classify import Evidence, FailureClass, classify, is_engine_death_message
 from replayer.monitor.health import HealthMonitor, Probe
 from replayer.monitor.metrics import MetricsScraper, MetricsWriter
@@ -68,13 +74,30 @@ class InFlight:
     input_tokens: int
     stats: Any
     """Its :class:`~replayer.replay.sse.StreamStats` (``first_token``,
-    ``last_token`` in loop time)."""
+    ``last_token`` in clock time)."""
 
 
 class ProcessProbe(Protocol):
     """A launched server process, when replayer owns it."""
 
     def exited(self) -> bool: ...
+
+
+class Health(Protocol):
+    """What the watch needs of a ``/health`` prober (:class:`HealthMonitor`;
+    a test's scripted fake)."""
+
+    t0: float
+    timeline: list[Probe]
+    consecutive_failures: int
+
+    async def probe(self) -> Probe: ...
+
+    def last(self) -> Probe | None: ...
+
+    def around(self, t: float, before: float = 30.0, after: float = 30.0) -> list[Probe]: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -124,15 +147,20 @@ class TargetWatch:
     hang: bool = False
     failed_at: float | None = None
     death_bodies: int = 0
-    health: HealthMonitor = field(init=False)
+    clock: Clock = REAL
+    prober: InitVar[Health | None] = None
+    """The ``/health`` prober; default a :class:`HealthMonitor` of ``url``."""
+    health: Health = field(init=False)
     scraper: MetricsScraper = field(init=False)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     t0: float = 0.0
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, prober: Health | None) -> None:
         c = self.config
-        self.health = HealthMonitor(self.url, interval=c.health_interval, timeout=c.health_timeout)
+        self.health = prober or HealthMonitor(
+            self.url, interval=c.health_interval, timeout=c.health_timeout
+        )
         sources = ([self.url.rstrip("/") + "/metrics"] if c.scrape_target else []) + list(c.scrape)
         self.scraper = MetricsScraper(sources, self.writer, interval=c.scrape_interval)
 
@@ -153,7 +181,8 @@ class TargetWatch:
             self._tasks.append(spawn(self.scraper.run(self._stop), name=f"scrape-{self.name}"))
 
     def now(self) -> float:
-        return asyncio.get_running_loop().time() - self.t0
+        """Seconds since T0."""
+        return self.clock.now() - self.t0
 
     def completed(self, request_id: str, failed_message: str | None) -> None:
         """The engine reports every settled request (for ``recent``)."""
@@ -176,34 +205,44 @@ class TargetWatch:
             ):
                 what = "engine dead: /health 503" if p.status == 503 else "connection refused"
                 self.on_failure("health", f"{what} on {c.health_failures} probes in a row")
-            await wait_event(self._stop, c.health_interval)
+            await self.clock.sleep(c.health_interval, self._stop)
 
-    def _stalled(self, loop_now: float) -> bool:
-        """The watchdog's rule (see the module docstring)."""
+    def _stall_due(self) -> float | None:
+        """When (clock time) the hang rule of the module docstring holds if
+        nothing changes: the last token progress plus ``stall_timeout``, and
+        no earlier than every prefill's allowance. None: nothing in flight."""
         c = self.config
         if not self.inflight:
-            return False
+            return None
         last_progress = max((self.t0 + t for t, _ in self.recent), default=self.t0)
+        due = last_progress
         for f in self.inflight.values():
             st = f.stats
             if st.last_token is not None:
                 last_progress = max(last_progress, st.last_token)
             else:
-                allowance = c.stall_timeout + f.input_tokens / c.min_prefill_rate
-                if loop_now - (self.t0 + f.dispatched) < allowance:
-                    return False  # a prefill still within its time
-                last_progress = max(last_progress, self.t0 + f.dispatched)
-        if loop_now - last_progress < c.stall_timeout:
+                sent = self.t0 + f.dispatched
+                due = max(due, sent + c.stall_timeout + f.input_tokens / c.min_prefill_rate)
+                last_progress = max(last_progress, sent)
+        return max(due, last_progress + c.stall_timeout)
+
+    def _stalled(self, now: float) -> bool:
+        """The watchdog's rule, at clock time ``now``: due, and /health says 200."""
+        due = self._stall_due()
+        if due is None or now < due:
             return False
         last = self.health.last()
         return last is not None and last.ok
 
     async def _watchdog(self) -> None:
-        loop = asyncio.get_running_loop()
         tick = min(0.5, self.config.stall_timeout / 4)
-        while not self._stop.is_set():
-            await wait_event(self._stop, tick)
-            if self.failed_at is None and self._stalled(loop.time()):
+        while True:
+            now = self.clock.now()
+            due = self._stall_due()
+            wake = now + tick if due is None or due <= now else min(due, now + tick)
+            if not await self.clock.sleep_until(wake, self._stop):
+                return
+            if self.failed_at is None and self._stalled(self.clock.now()):
                 self.hang = True
                 self.on_failure(
                     "hang",
@@ -216,32 +255,32 @@ class TargetWatch:
         """No failure yet: watch ``grace`` more seconds for a late one."""
         if self.failed_at is not None or self.config.grace <= 0:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.grace
+        clock = self.clock
+        deadline = clock.now() + self.config.grace
         for _ in range(100_000):
-            if self.failed_at is not None or loop.time() >= deadline:
+            if self.failed_at is not None or clock.now() >= deadline:
                 return
             if self.process is not None and self.process.exited():
                 self.on_failure("exit", "the server process exited after the last request")
                 return
-            await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+            await clock.sleep_until(min(clock.now() + 0.05, deadline))
 
     async def settle(self) -> None:
         """After a failure: probe until the process is gone or the settle
         window has passed, so the verdict does not depend on timing."""
         if self.failed_at is None:
             return
-        loop = asyncio.get_running_loop()
+        clock = self.clock
         deadline = self.t0 + self.failed_at + self.config.settle
         for _ in range(10_000):
-            if loop.time() >= deadline:
+            if clock.now() >= deadline:
                 break
             if self.process is not None and self.process.exited():
                 break
             last = self.health.last()
             if last is not None and last.error == "refused" and last.t >= self.failed_at:
                 break
-            await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+            await clock.sleep_until(min(clock.now() + 0.1, deadline))
 
     async def stop(self) -> None:
         self._stop.set()

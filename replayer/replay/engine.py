@@ -14,9 +14,12 @@ in-stream error event, cut stream, timeout) or when a monitor says so
 more is dispatched to it; requests in flight resolve, bounded by the request
 timeout; everything never sent is recorded ``not_sent_after_crash``.
 
-Waits are precise: a coarse sleep to ~1.5 ms before the deadline, then
-yielding to the loop until it passes (asyncio wakes timers on millisecond
-ticks; lag is what the results report, so it should be the replayer's own).
+Every wait and every time stamp goes through one :class:`~replayer._clock.Clock`
+(the real one unless a test passes a virtual one, which makes dispatch times
+exact). Dispatch waits are precise: a coarse sleep to ~1.5 ms before the
+deadline, then yielding to the loop until it passes (asyncio wakes timers on
+millisecond ticks; lag is what the results report, so it should be the
+replayer's own).
 """
 
 from __future__ import annotations
@@ -27,29 +30,58 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
 from replayer._async import spawn
+from replayer._clock import REAL, Clock
 from replayer.monitor.metrics import MetricsWriter
-from replayer.monitor.watch import FailureReport, InFlight, ProcessProbe, TargetWatch, WatchConfig
+from replayer.monitor.watch import (
+    FailureReport,
+    Health,
+    InFlight,
+    ProcessProbe,
+    TargetWatch,
+    WatchConfig,
+)
 from replayer.replay import client
 from replayer.replay.client import Target, TargetFacts
 from replayer.replay.plan import Plan
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy
 from replayer.replay.results import Result, ResultsWriter, Status
-from replayer.replay.sse import StreamStats
 from replayer.trace.reader import BodyBuilder, Trace
 from replayer.trace.schema import Kind
+from replayer.wire import Reply as StreamStats
 
 log = logging.getLogger("replayer.replay")
 
-_COARSE_MARGIN = 0.0015
 _BODY_LEAD = 0.05
 """Seconds before its due time a session builds its next body (long contexts
 take milliseconds to serialize)."""
+
+
+class Sender(Protocol):
+    """How one request goes out and its result is filled in: :func:`client.send`,
+    or a test's fake server (the seam that lets the scheduler run on a virtual
+    clock)."""
+
+    async def __call__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        result: Result,
+        *,
+        t0: float,
+        request_timeout: float,
+        keep_text: bool = False,
+        sent: asyncio.Future[None] | None = None,
+        answered: asyncio.Future[None] | None = None,
+        stats: StreamStats | None = None,
+    ) -> StreamStats: ...
 
 
 @dataclass
@@ -159,7 +191,13 @@ class Replay:
         watch: WatchConfig | None = None,
         out: Path | None = None,
         processes: dict[str, ProcessProbe] | None = None,
+        clock: Clock = REAL,
+        send: Sender | None = None,
+        probers: dict[str, Health] | None = None,
     ) -> None:
+        """``clock``, ``send`` and ``probers`` (a ``/health`` prober per
+        target) are seams for tests: the defaults are the loop's clock, HTTP
+        and HTTP probes of each target's URL."""
         self.trace = trace
         self.plan = plan
         self.policy = policy
@@ -170,6 +208,9 @@ class Replay:
         self.watch_config = watch
         self.out = out
         self.processes = processes or {}
+        self.clock = clock
+        self._send_one: Sender = send or client.send
+        self.probers = probers or {}
         self.metrics: MetricsWriter | None = None
         self.t0 = 0.0
         self.facts: dict[str, TargetFacts] = {}
@@ -222,7 +263,6 @@ class Replay:
     async def run(self) -> None:
         """Replay to the end (or until every target failed); never raises for
         a target's failure: that is a result."""
-        loop = asyncio.get_running_loop()
         n = len(self.plan)
         for t in self.targets:
             conn = aiohttp.TCPConnector(
@@ -260,7 +300,7 @@ class Replay:
             watches = [r.watch for r in self.runs.values() if r.watch is not None]
             await asyncio.gather(*(w.prime() for w in watches))
             # T0 after every set-up step: no request is late because of start-up.
-            self.t0 = loop.time() + 0.005
+            self.t0 = self.clock.now() + 0.005
             for run in self.runs.values():
                 if run.watch is not None:
                     run.watch.start(self.t0)
@@ -318,6 +358,8 @@ class Replay:
             writer=self.metrics,
             process=self.processes.get(run.target.name),
             out=self.out,
+            clock=self.clock,
+            prober=self.probers.get(run.target.name),
         )
 
     async def _conclude(self, run: TargetRun) -> None:
@@ -357,31 +399,20 @@ class Replay:
 
     async def _tick(self) -> None:
         while True:
-            await asyncio.sleep(0.5)
+            await self.clock.sleep(0.5)
             if self.on_tick:
                 self.on_tick(self)
 
     # -- dispatch ------------------------------------------------------------
 
     def now(self) -> float:
-        return asyncio.get_running_loop().time() - self.t0
+        """Seconds since T0."""
+        return self.clock.now() - self.t0
 
     async def _sleep_until(self, run: TargetRun, at: float, *, precise: bool = True) -> bool:
         """Wait until ``at`` seconds after T0; False if the target stopped.
         ``precise=False`` skips the sub-millisecond spin at the end."""
-        loop = asyncio.get_running_loop()
-        deadline = self.t0 + at
-        delay = deadline - loop.time() - (_COARSE_MARGIN if precise else 0.0)
-        if delay > 0:
-            stop = spawn(run.stopped.wait(), name="stop-wait")
-            try:
-                await asyncio.wait({stop}, timeout=delay)
-            finally:
-                stop.cancel()
-        # the fine wait spins on the loop (other tasks run): sub-ms precision
-        while precise and loop.time() < deadline and not run.stopped.is_set():  # noqa: ASYNC110
-            await asyncio.sleep(0)
-        return not run.stopped.is_set()
+        return await self.clock.sleep_until(self.t0 + at, run.stopped, precise=precise)
 
     async def _wait_prev(self, run: TargetRun, p: int) -> bool:
         if run.done_at[p] is not None:
@@ -521,11 +552,10 @@ class Replay:
         sent: asyncio.Future[None] | None = None,
         answered: asyncio.Future[None] | None = None,
     ) -> None:
-        loop = asyncio.get_running_loop()
         row = self.plan.rows[i]
         r = run.results[i]
         r.scheduled_us = round(at * 1e6)
-        now = loop.time()
+        now = self.clock.now()
         r.dispatched_us = round((now - self.t0) * 1e6)
         r.seq = run.sent
         run.sent += 1
@@ -539,7 +569,7 @@ class Replay:
         stats = StreamStats()
         run.inflight_map[i] = InFlight(i, r.request_id, now - self.t0, self._tokens[row], stats)
         try:
-            await client.send(
+            await self._send_one(
                 run.session,
                 url,
                 body,
@@ -562,7 +592,7 @@ class Replay:
             else:  # aborted by the hang watchdog: the request never finished
                 r.error_class = "hang"
                 r.error = "aborted: the target stopped making progress"
-            r.done_us = round((loop.time() - self.t0) * 1e6)
+            r.done_us = round((self.clock.now() - self.t0) * 1e6)
             for fut in (sent, answered):
                 if fut is not None and not fut.done():
                     fut.set_result(None)

@@ -15,9 +15,12 @@ request and divided by ``speed``:
 
 ``strict`` order (default): a request is never dispatched before every
 earlier request of the trace has been (its body is on the wire before the
-next is sent), so the server *receives* trace order; ``admitted`` also waits
-for the previous request's response headers (or its end) before sending the
-next: vLLM sends a stream's headers after templating and tokenization, just
+next is sent), so the server's host *receives* trace order; the server
+process may still *read* two requests that are in flight at once on
+different connections either way round (an event loop reads data on an open
+connection before it accepts a new one). ``admitted`` also waits for the
+previous request's response headers (or its end) before sending the next:
+vLLM sends a stream's headers after templating and tokenization, just
 before the engine's ``add_request``, so the *engine* admits trace order even
 where parallel renderer workers would let short prompts overtake long ones;
 ``session`` order keeps only each session's own order. The schedule of a

@@ -14,6 +14,9 @@ so ECONNREFUSED for many minutes is normal; it is ready when ``/health``
 answers 200 *and* ``/v1/models`` lists the expected model. Probes back off
 exponentially (0.1 s doubling to 5 s, tenacity) so a 10-minute load costs a
 few hundred probes, and the wait ends at once when a launched process exits.
+Every wait reads one :class:`~replayer._clock.Clock` (the real one unless a
+test passes a virtual one), so the backoff schedule and the timeout are exact
+in tests.
 
 Resets between trials: ``prefix-cache`` asks ``POST /reset_prefix_cache``,
 which exists only with ``VLLM_SERVER_DEV_MODE=1``; without it the target
@@ -26,7 +29,6 @@ This package never classifies failures or parses logs: :mod:`replayer.monitor` d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal as _signal
 import time
@@ -36,8 +38,9 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from replayer._clock import REAL, Clock
 from replayer.errors import LaunchError, TargetError, UsageError
 from replayer.monitor.logs import last_launch
 from replayer.target.facts import ServerFacts, gather_facts
@@ -76,7 +79,7 @@ class ExitInfo:
     signal: int | None
     """The signal that ended it (``subprocess``'s negative return codes)."""
     at: float
-    """Wall-clock time (``time.time()``) the exit was observed."""
+    """Wall-clock time (Unix seconds) the exit was observed."""
 
     @classmethod
     def from_returncode(cls, rc: int, at: float | None = None) -> ExitInfo:
@@ -178,8 +181,10 @@ class ServerTarget:
         log_path: Path | None = None,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         probe_timeout: float = PROBE_TIMEOUT,
+        clock: Clock = REAL,
     ) -> None:
         self.url = url.rstrip("/")
+        self.clock = clock
         self.model = model
         self.api_key = api_key
         self.log_path = log_path
@@ -213,8 +218,7 @@ class ServerTarget:
             return self.exit_info
         event = self._exit_event()
         if event is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), within)
+            await self.clock.sleep(within, event)
         return self.exit_info
 
     async def start(self) -> None:
@@ -290,23 +294,21 @@ class ServerTarget:
         cancellation: running out raises LaunchError naming the last probe's
         failure, and a launched process that exits meanwhile raises at once."""
         timeout = self.ready_timeout if timeout is None else timeout
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        started = loop.time()
+        clock = self.clock
+        started = clock.now()
+        deadline = started + timeout
         event = self._exit_event()
 
         async def pause(seconds: float) -> None:
-            seconds = max(0.0, min(seconds, deadline - loop.time()))
-            if event is None:
-                await asyncio.sleep(seconds)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), seconds)
+            await clock.sleep_until(min(clock.now() + seconds, deadline), event)
+
+        def out_of_time(_: RetryCallState) -> bool:
+            return clock.now() >= deadline
 
         async with self._client() as client:
             try:
                 async for attempt in AsyncRetrying(
-                    stop=stop_after_delay(timeout),
+                    stop=out_of_time,
                     wait=wait_exponential(multiplier=BACKOFF_MIN, min=BACKOFF_MIN, max=BACKOFF_MAX),
                     retry=retry_if_exception_type(NotReady),
                     sleep=pause,
@@ -314,12 +316,12 @@ class ServerTarget:
                 ):
                     with attempt:
                         self._check_loading()
-                        left = max(deadline - loop.time(), 0.05)
+                        left = max(deadline - clock.now(), 0.05)
                         await self._probe(client, min(self.probe_timeout, left))
             except NotReady as exc:
                 self._check_loading()
                 raise LaunchError(f"{self.url} not ready after {timeout:g}s: {exc}") from None
-        log.info("%s ready after %.1fs", self.url, loop.time() - started)
+        log.info("%s ready after %.1fs", self.url, clock.now() - started)
 
     async def reset(self, mode: ResetMode | str) -> ResetResult:
         mode = reset_mode(mode)
@@ -367,7 +369,7 @@ class ServerTarget:
                     return None
                 why = f"answered {resp.status_code} {resp.text[:200]!r}"
                 # {"success": false}: blocks still held by requests that are finishing.
-                await asyncio.sleep(0.1 * 2**i)
+                await self.clock.sleep(0.1 * 2**i)
         return f"POST /reset_prefix_cache {why} {PREFIX_RESET_TRIES} times"
 
     # -- the log ------------------------------------------------------------------------

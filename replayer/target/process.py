@@ -34,11 +34,11 @@ import re
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from replayer._async import spawn
+from replayer._clock import REAL, Clock
 from replayer.errors import LaunchError, TargetError, UsageError
 from replayer.monitor.logs import launch_marker
 from replayer.target.base import (
@@ -138,6 +138,7 @@ class LaunchedTarget(ServerTarget):
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         probe_timeout: float = PROBE_TIMEOUT,
         cwd: Path | None = None,
+        clock: Clock = REAL,
     ) -> None:
         super().__init__(
             url,
@@ -146,6 +147,7 @@ class LaunchedTarget(ServerTarget):
             log_path=log_path,
             ready_timeout=ready_timeout,
             probe_timeout=probe_timeout,
+            clock=clock,
         )
         self.log_file = log_path
         self.argv, cmd_env = split_command(cmd)
@@ -185,7 +187,7 @@ class LaunchedTarget(ServerTarget):
             return None
         rc = proc.poll()
         if rc is not None and self._exit is None:
-            self._exit = ExitInfo.from_returncode(rc)
+            self._exit = ExitInfo.from_returncode(rc, self.clock.wall())
             log.info("%s exited (%s)", self.argv[0], self._exit.text)
         return rc
 
@@ -229,7 +231,7 @@ class LaunchedTarget(ServerTarget):
                     f"cannot launch {self.argv[0]!r}: {exc.strerror or exc}"
                 ) from None
         self._proc, self._pgid = proc, proc.pid
-        self._started = time.monotonic()
+        self._started = self.clock.now()
         _LIVE.add(self)
         self._watcher = spawn(self._watch(proc, self._exited), name=f"target-exit-{proc.pid}")
         log.info("launched %s (pid %d, launch %d)", self.argv[0], proc.pid, self.launches)
@@ -238,7 +240,7 @@ class LaunchedTarget(ServerTarget):
         # Polled: an awaitable child exit needs a child watcher bound to one
         # event loop; polling keeps a target usable from any loop.
         while proc.poll() is None:  # noqa: ASYNC110
-            await asyncio.sleep(POLL_INTERVAL)
+            await self.clock.sleep(POLL_INTERVAL)
         if proc is self._proc:
             self._poll()
         event.set()
@@ -311,16 +313,16 @@ class LaunchedTarget(ServerTarget):
         self._poll()
         self._pgid = None  # never signal this id again: pids are reused
 
-    @staticmethod
-    async def _until(check: Callable[[], bool], within: float) -> bool:
+    async def _until(self, check: Callable[[], bool], within: float) -> bool:
         """Poll ``check`` every 20 ms for at most ``within`` seconds."""
-        deadline = time.monotonic() + within
+        clock = self.clock
+        deadline = clock.now() + within
         for _ in range(int(within / 0.02) + 2):
             if check():
                 return True
-            if time.monotonic() >= deadline:
+            if clock.now() >= deadline:
                 break
-            await asyncio.sleep(0.02)
+            await clock.sleep(0.02)
         return check()
 
     # -- readiness and facts -------------------------------------------------------------
@@ -331,7 +333,7 @@ class LaunchedTarget(ServerTarget):
         if self._poll() is None:
             return
         assert self._exit is not None
-        after = time.monotonic() - self._started
+        after = self.clock.now() - self._started
         raise LaunchError(
             f"{self.argv[0]} exited ({self._exit.text}) {after:.1f}s after launch "
             f"{self.launches}, before it was ready; log tail ({self.log_file}):\n{self.tail()}"

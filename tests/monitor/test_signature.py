@@ -854,7 +854,7 @@ def test_regex_pinning():
     assert matches_regex(sig(ROCM_FAULT), r"Memory access fault.*Reason: Unknown")
     with pytest.raises(UsageError) as err:
         compile_signature_regex("(unclosed")
-    assert str(err.value).startswith("--signature '(unclosed' is not a valid regex: ")
+    assert str(err.value).startswith("signature '(unclosed' is not a valid regex: ")
 
 
 def test_round_trip_and_hashable():

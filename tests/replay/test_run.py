@@ -117,10 +117,11 @@ async def test_two_targets_side_by_side_one_fails(emulator_factory, tmp_path):
     assert statuses(results, "b300") == {"ok": 16}
     assert statuses(results, "mi355")["ok"] == 5
     assert len(arrivals(good)) == 16
-    # both timelines share one anchor
+    # both timelines count from one anchor (that they run the same schedule
+    # from it is asserted exactly in test_engine, on the virtual clock)
     for name in ("b300", "mi355"):
-        firsts = [r["dispatched_us"] for r in results if r["target"] == name and r["seq"] == 0]
-        assert firsts and 0 <= firsts[0] < 10_000
+        firsts = [r for r in results if r["target"] == name and r["seq"] == 0]
+        assert len(firsts) == 1 and firsts[0]["dispatched_us"] >= firsts[0]["scheduled_us"] == 0
 
 
 async def test_continue_keeps_sending_after_a_failure(emulator_factory, tmp_path):

@@ -3,6 +3,7 @@ that a process group and its port are really gone."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -36,6 +37,18 @@ def emulator_cmd(port: int, *args: str, load_time: float = 0.0) -> list[str]:
         "instant",
         *args,
     ]
+
+
+async def until_up(url: str, within: float) -> None:
+    """Until ``url/health`` answers 200 (bounded): the server's own word
+    that it is listening, whatever the model."""
+    async with httpx.AsyncClient(base_url=url, timeout=5) as c:
+        for _ in range(int(within / 0.05)):
+            with contextlib.suppress(httpx.TransportError):
+                if (await c.get("/health")).status_code == 200:
+                    return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} not up within {within:g}s")
 
 
 def chat(content: str = "hello there " * 20, **kw) -> dict:

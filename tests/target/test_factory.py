@@ -72,12 +72,12 @@ def test_url_alone():
     [
         (
             {"launch": "vllm serve", "restart_cmd": "x"},
-            "--launch and --restart-cmd are exclusive: pick one",
+            "launch and restart_cmd are exclusive: give one",
         ),
-        ({"launch": "vllm serve"}, "--launch needs a log file (the run directory's server.log)"),
+        ({"launch": "vllm serve"}, "launch needs a log file (the run directory's server.log)"),
         (
             {"launch": "vllm serve", "log_cmd": "cat x", "log_path": "p"},
-            "--log-cmd is for --restart-cmd/--url: a launched server's log is captured already",
+            "log_cmd is for restart_cmd or url: a launched server's log is captured already",
         ),
         ({"launch": "  ", "log_path": "p"}, "--launch: empty command"),
         (
@@ -86,11 +86,11 @@ def test_url_alone():
         ),
         (
             {"launch": "vllm --port x", "log_path": "p"},
-            "--launch: cannot read a port from --port 'x'; pass --url",
+            "launch cannot read a port from --port 'x'; give url",
         ),
-        ({"restart_cmd": "x"}, "--restart-cmd needs --url (where the restarted server listens)"),
-        ({}, "no target: pass --launch CMD, --restart-cmd CMD --url URL, or --url URL"),
-        ({"url": "http://h", "env": {"A": "1"}}, "environment settings apply only to --launch"),
+        ({"restart_cmd": "x"}, "restart_cmd needs url (where the restarted server listens)"),
+        ({}, "launch or restart_cmd with url, or url alone: no server given"),
+        ({"url": "http://h", "env": {"A": "1"}}, "env applies only to a launched server (launch)"),
     ],
 )
 def test_usage_errors(kw, message):

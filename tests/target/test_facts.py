@@ -97,7 +97,7 @@ async def test_facts_of_a_launched_server(launched):
     }
     t = launched("--block-size", "32", env=env)
     await t.start()
-    await t.wait_ready(20)
+    await t.wait_ready(120)
     facts = await t.facts()
     assert facts.url == t.url
     assert facts.version == "0.33.0"
@@ -128,7 +128,7 @@ async def test_facts_of_a_launched_server(launched):
 async def test_facts_without_dev_mode_say_what_is_missing(launched):
     t = launched()
     await t.start()
-    await t.wait_ready(20)
+    await t.wait_ready(120)
     facts = await t.facts()
     assert facts.server_info is None
     off = "HTTP 404 (dev mode off: VLLM_SERVER_DEV_MODE=1 enables it)"

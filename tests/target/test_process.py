@@ -5,6 +5,7 @@ and no leaked processes or ports."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 import sys
@@ -25,9 +26,14 @@ from tests.target.conftest import (
     emulator_cmd,
     free_port,
     live_members,
+    until_up,
 )
 
 pytestmark = pytest.mark.e2e
+
+READY, EXIT = 120.0, 60.0
+"""Bounds on how long an emulator may take to start or to exit: generous,
+because a loaded machine is slow, and never reached when things work."""
 
 
 async def test_launch_crash_restart_three_times(launched):
@@ -39,7 +45,7 @@ async def test_launch_crash_restart_three_times(launched):
         assert t.launches == cycle
         assert t.alive() is True
         assert t.exit_info is None
-        await t.wait_ready(30)
+        await t.wait_ready(READY)
         pgids.append(t.pid)
         async with httpx.AsyncClient(base_url=t.url, timeout=10) as c:
             assert (await c.get("/health")).status_code == 200
@@ -49,7 +55,7 @@ async def test_launch_crash_restart_three_times(launched):
                 headers={"X-Request-Id": f"c{cycle}"},
             )
         assert r.status_code == 500  # the dead engine; vLLM then shuts down
-        info = await t.wait_exit(15)
+        info = await t.wait_exit(EXIT)
         assert (info.code, info.signal, info.text) == (3, None, "code 3")
         assert t.alive() is False
         assert_group_gone(pgids[-1])
@@ -78,7 +84,7 @@ async def test_launch_crash_restart_three_times(launched):
 async def test_stop_is_sigterm_and_graceful(launched):
     t = launched()
     await t.start()
-    await t.wait_ready(20)
+    await t.wait_ready(READY)
     pgid = t.pid
     info = await t.stop()
     assert info is not None and (info.code, info.signal) == (0, None)  # vLLM-style clean exit
@@ -90,7 +96,7 @@ async def test_stop_is_sigterm_and_graceful(launched):
 async def test_killed_server_reports_the_signal(launched):
     t = launched("--fault", "cut kill=1 when request=1")
     await t.start()
-    await t.wait_ready(20)
+    await t.wait_ready(READY)
     async with httpx.AsyncClient(base_url=t.url, timeout=10) as c:
         with pytest.raises(httpx.TransportError):
             async with c.stream(
@@ -98,7 +104,7 @@ async def test_killed_server_reports_the_signal(launched):
             ) as r:
                 async for _ in r.aiter_bytes():
                     pass
-    info = await t.wait_exit(10)
+    info = await t.wait_exit(EXIT)
     assert (info.code, info.signal, info.text) == (None, signal.SIGKILL, "signal SIGKILL")
 
 
@@ -112,7 +118,7 @@ time.sleep(600)
 """
 
 
-async def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path):
+async def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path, caplog):
     log = tmp_path / "server.log"
     t = LaunchedTarget([sys.executable, "-c", STUBBORN], "http://127.0.0.1:9", log, stop_grace=0.3)
     await t.start()
@@ -126,10 +132,13 @@ async def test_stop_escalates_to_sigkill_for_the_whole_group(tmp_path):
     assert found is not None
     child = int(found[1])
     assert sorted(live_members(pgid)) == sorted([pgid, child])
-    started = time.monotonic()
-    info = await t.stop()
+    with caplog.at_level(logging.WARNING, logger="replayer.target"):
+        info = await t.stop()
     assert info is not None and (info.code, info.signal) == (None, signal.SIGKILL)
-    assert time.monotonic() - started < 5
+    # SIGKILL once the 0.3 s grace was up, not after the 600 s sleep
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{sys.executable}: SIGKILL after 0.3s of SIGTERM"
+    ]
     assert live_members(pgid) == []
     assert group_members(pgid) == []
     assert t.alive() is False
@@ -140,8 +149,8 @@ async def test_launch_failure_is_reported_at_once_with_the_log_tail(launched):
     await t.start()
     started = time.monotonic()
     with pytest.raises(LaunchError) as err:
-        await t.wait_ready(60)
-    assert time.monotonic() - started < 10
+        await t.wait_ready(600)
+    assert time.monotonic() - started < 600  # at the exit, not the timeout (exact: test_base)
     msg = str(err.value)
     first, _, tail = msg.partition("\n")
     assert first.startswith(f"{sys.executable} exited (code 2) ")
@@ -165,8 +174,7 @@ async def test_ready_timeout_while_loading(launched):
     started = time.monotonic()
     with pytest.raises(LaunchError) as err:
         await t.wait_ready(1.0)
-    took = time.monotonic() - started
-    assert 1.0 <= took < 3.0
+    assert time.monotonic() - started >= 1.0  # the schedule itself: test_base, exactly
     assert str(err.value).startswith(f"{t.url} not ready after 1s: connection refused")
     info = await t.stop()  # no SIGTERM handler while "loading": the default action
     assert info == ExitInfo(None, signal.SIGTERM, info.at)
@@ -175,10 +183,11 @@ async def test_ready_timeout_while_loading(launched):
 async def test_ready_needs_the_expected_model(launched):
     t = launched("--served-model-name", "other-model")
     await t.start()
+    await until_up(t.url, READY)  # else a slow start fails the probes first
     with pytest.raises(LaunchError) as err:
-        await t.wait_ready(1.0)
+        await t.wait_ready(2.0)
     assert str(err.value) == (
-        f"{t.url} not ready after 1s: model {MODEL!r} not listed (have: other-model)"
+        f"{t.url} not ready after 2s: model {MODEL!r} not listed (have: other-model)"
     )
 
 

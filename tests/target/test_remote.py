@@ -92,7 +92,7 @@ async def test_restart_cmd_target_crash_log_restart_ready(remote_server, tmp_pat
     )
     assert t.can_restart is True and t.alive() is None
     await t.start()
-    await t.wait_ready(20)
+    await t.wait_ready(120)
     first_pid = int((remote_server["state"] / "pid").read_text())
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
         r = await c.post("/v1/chat/completions", json=chat(), headers={"X-Request-Id": "turn-7"})
@@ -103,7 +103,7 @@ async def test_restart_cmd_target_crash_log_restart_ready(remote_server, tmp_pat
 
     await t.restart()
     assert t.launches == 2
-    await t.wait_ready(20)
+    await t.wait_ready(120)
     assert int((remote_server["state"] / "pid").read_text()) != first_pid
     assert _gone(first_pid)
     text = await t.collect_log()
@@ -139,12 +139,12 @@ async def test_restart_cmd_failure_is_one_line(tmp_path):
 
 async def test_restart_cmd_timeout_kills_its_process_group(tmp_path):
     pidfile = tmp_path / "pid"
-    t = RestartableTarget(f"echo $$ > {pidfile}; exec sleep 60", "http://x", command_timeout=0.5)
+    t = RestartableTarget(f"echo $$ > {pidfile}; exec sleep 60", "http://x", command_timeout=2.0)
     started = time.monotonic()
     with pytest.raises(TargetError) as err:
         await t.restart()
-    assert time.monotonic() - started < 5
-    assert str(err.value) == "--restart-cmd did not finish within 0.5s"
+    assert time.monotonic() - started < 60  # killed, not waited for
+    assert str(err.value) == "--restart-cmd did not finish within 2s"
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
