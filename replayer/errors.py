@@ -3,8 +3,10 @@ outcomes and target failures are values, never exceptions.
 
     ReplayerError            # base; the CLI prints one line and exits 2
       UsageError             # bad arguments or options
+        OptionError          # one parameter's value (names the parameter, not a flag)
       TraceError             # unreadable, invalid or mismatched trace input
         SchemaVersionError   # written by a newer replayer; no migration path
+        TraceCorruptError    # damaged content: a batch, a body, the footer
       ImportFormatError      # an importer was fed a file of another format
       TargetError            # launching, restarting or talking to the server under test
         LaunchError          # the server exited while loading, or never became ready
@@ -23,12 +25,30 @@ class UsageError(ReplayerError):
     """Bad command-line arguments or options."""
 
 
+class OptionError(UsageError):
+    """A parameter has a value it cannot take. The message names the
+    parameter (``max_inflight must be at least 1``); the CLI says its flag."""
+
+    def __init__(self, param: str, problem: str) -> None:
+        super().__init__(f"{param} {problem}")
+        self.param = param
+        self.problem = problem
+
+
 class TraceError(ReplayerError):
     """A trace file is missing, unreadable, truncated or not a replayer trace."""
 
 
 class SchemaVersionError(TraceError):
     """The trace was written by a newer schema version than this replayer reads."""
+
+
+class TraceCorruptError(TraceError):
+    """The file is a trace, but damaged: a message that does not read, a batch
+    whose values no longer match their digests, a body that does not rebuild,
+    a footer that contradicts the messages. Never a torn tail (a killed writer),
+    which is dropped with a warning. The message names the file and the first
+    bad batch or row."""
 
 
 class ImportFormatError(ReplayerError):

@@ -116,7 +116,7 @@ def register(sub: Any) -> None:
     add_metrics_arguments(p)
     p.set_defaults(func=cmd_record)
 
-    t = sub.add_parser("trace", help="operations on trace files (merge)")
+    t = sub.add_parser("trace", help="operations on trace files (merge, convert)")
     tsub = t.add_subparsers(dest="trace_command", metavar="OP", required=True, parser_class=type(t))
     m = tsub.add_parser(
         "merge",
@@ -132,6 +132,9 @@ def register(sub: Any) -> None:
     )
     m.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     m.set_defaults(func=cmd_merge)
+    from replayer.cli.trace_cmds import register_trace_ops
+
+    register_trace_ops(tsub)
 
 
 def config_from(args: argparse.Namespace, output: Path, segment: int) -> Any:

@@ -1,4 +1,5 @@
-"""Trace commands: ``import``, ``synth``, ``inspect``, ``export``."""
+"""Trace commands: ``import``, ``synth``, ``inspect``, ``export`` and
+``trace convert`` (registered under ``replayer trace`` by :func:`register_trace_ops`)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,20 @@ def register(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("inspect", help="summarize a trace (sessions, turns, context lengths)")
+    p = sub.add_parser(
+        "inspect",
+        help="summarize a trace (sessions, turns, context lengths)",
+        description="Summarize a trace. Every batch is decoded and matched against its "
+        "digests first: a damaged trace exits 2 naming the first bad batch.",
+    )
     p.add_argument("trace", type=Path, metavar="TRACE")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also rebuild every body (length against body_bytes) and check the index "
+        "invariants (unique ids, delta bases, turn order); print what was checked",
+    )
     p.add_argument(
         "--prefix-cache",
         type=int,
@@ -58,6 +70,9 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("export", help="write a trace as JSONL (full bodies, trace order)")
     p.add_argument("trace", type=Path, metavar="TRACE")
+    from replayer.cli.replay import add_selection_arguments
+
+    add_selection_arguments(p)
     p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.jsonl")
     p.add_argument(
         "--format",
@@ -67,6 +82,27 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.set_defaults(func=cmd_export)
+
+
+def register_trace_ops(tsub: Any) -> None:
+    """``replayer trace convert``, beside ``trace merge``."""
+    c = tsub.add_parser(
+        "convert",
+        help="rewrite a trace at the current schema version",
+        description="Rewrite a trace of an older schema version (read through the "
+        "migrations) at the current one: same rows in the same order, same bodies, "
+        "fresh digests. The input is verified in full first.",
+    )
+    c.add_argument("trace", type=Path, metavar="TRACE")
+    c.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.arrow")
+    c.add_argument(
+        "--form",
+        choices=("file", "stream"),
+        default=None,
+        help="IPC form of the output (default: the input's)",
+    )
+    c.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    c.set_defaults(func=cmd_convert)
 
 
 def _progress(msg: str) -> None:
@@ -124,31 +160,57 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from replayer.trace.reader import Trace
     from replayer.trace.stats import inspect_trace, prefix_cache_figures, render_text
 
+    if args.prefix_cache is not None and args.prefix_cache < 1:
+        raise UsageError("--prefix-cache wants a block size >= 1")
     trace = Trace.open(args.trace)
+    report = trace.verify(bodies=args.verify)
     info = inspect_trace(trace)
     if args.prefix_cache is not None:
-        if args.prefix_cache < 1:
-            raise UsageError("--prefix-cache wants a block size >= 1")
         info["prefix_cache"] = prefix_cache_figures(trace, args.prefix_cache)
+    if args.verify:
+        info["verify"] = report.lines()
     if args.json:
         sys.stdout.write(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(render_text(info))
+        if args.verify:
+            print("\n" + "\n".join(report.lines()))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from replayer._files import atomic_output
+    from replayer.replay.plan import select
     from replayer.trace.export import export_path
     from replayer.trace.reader import Trace
 
     trace = Trace.open(args.trace)
+    rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    if not rows and (args.limit, args.sessions, args.requests) != (None, None, None):
+        raise UsageError("the selection is empty: nothing to export")
     with atomic_output(args.output, force=args.force) as tmp:
-        n, skipped = export_path(trace, tmp, args.format)
+        n, skipped = export_path(trace, tmp, args.format, rows)
     if skipped:
         _progress(
             f"export: {len(skipped)} request(s) of no chat/text/blocks shape have no "
             f"{args.format} form and were left out (first: {skipped[0]})"
         )
     _progress(f"exported {n:,} requests to {args.output}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from replayer._files import atomic_output
+    from replayer.trace.compat import convert
+    from replayer.trace.reader import Trace
+    from replayer.trace.schema import TRACE_SCHEMA_VERSION
+
+    trace = Trace.open(args.trace)
+    trace.verify()
+    with atomic_output(args.output, force=args.force) as tmp:
+        rows, batches = convert(trace, tmp, form=args.form)
+    _progress(
+        f"converted {rows:,} requests from schema v{trace.schema_version} to "
+        f"v{TRACE_SCHEMA_VERSION} into {args.output} ({batches:,} batches, digests written)"
+    )
     return 0

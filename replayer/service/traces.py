@@ -67,6 +67,7 @@ def _validate(path: Path) -> tuple[int, int]:
 
     try:
         t = Trace.open(path)
+        t.verify(bodies=False)  # every batch decodes and matches its digests
     except ReplayerError as exc:
         raise TraceRejected(str(exc).replace(str(path), path.name)) from None
     except Exception as exc:  # a reader bug must not look like a server crash

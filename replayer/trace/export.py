@@ -1,5 +1,6 @@
 """``replayer export``: a trace as JSONL, one fully expanded request per line
-in trace order, for tools that do not read Arrow.
+in trace order, for tools that do not read Arrow. A selection (replay's
+``--limit``/``--sessions``/``--requests``) exports only those rows.
 
 ``jsonl`` lines are ``{"request_id", "session_id", "turn", "start_us",
 "end_us", "path", "body"}`` (``replayer import openai-jsonl`` reads them
@@ -18,12 +19,13 @@ function of the original ids) do not.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
+from replayer.trace.integrity import corrupt
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
 
@@ -45,9 +47,19 @@ def _ms(us: int) -> int | float:
     return us // 1000 if us % 1000 == 0 else round(us / 1000, 3)
 
 
-def jsonl_lines(trace: Trace) -> Iterator[bytes]:
+def jsonl_lines(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[bytes]:
+    """``rows`` (default: all) in the given order; a body whose length is not
+    its recorded ``body_bytes`` is a damaged row, never a line."""
     c = trace.column
-    for row, body in trace.iter_json():
+    sizes = c("body_bytes")
+    check = trace.tokens == trace.recorded_tokens
+    for row, body in trace.iter_json(rows):
+        if check and len(body) != sizes[row]:
+            raise corrupt(
+                trace.path,
+                f"row {row} ({c('request_id')[row]})",
+                f"body is {len(body):,} bytes, body_bytes says {sizes[row]:,}",
+            )
         yield orjson.dumps(
             {
                 "request_id": c("request_id")[row],
@@ -61,10 +73,12 @@ def jsonl_lines(trace: Trace) -> Iterator[bytes]:
         )
 
 
-def aiperf_lines(trace: Trace, skipped: list[str]) -> Iterator[bytes]:
+def aiperf_lines(
+    trace: Trace, skipped: list[str], rows: Sequence[int] | None = None
+) -> Iterator[bytes]:
     c = trace.column
     unique: dict[tuple[str, int], int] = {}
-    for row in trace.order:
+    for row in trace.order if rows is None else rows:
         kind = Kind(c("kind")[row])
         if kind is Kind.RAW:
             skipped.append(c("request_id")[row])
@@ -98,10 +112,13 @@ def aiperf_lines(trace: Trace, skipped: list[str]) -> Iterator[bytes]:
         yield orjson.dumps(out)
 
 
-def write(trace: Trace, out: IO[bytes], fmt: str) -> tuple[int, list[str]]:
-    """Write every request; returns (lines written, request ids skipped)."""
+def write(
+    trace: Trace, out: IO[bytes], fmt: str, rows: Sequence[int] | None = None
+) -> tuple[int, list[str]]:
+    """Write ``rows`` (default: every request, in trace order); returns
+    (lines written, request ids skipped)."""
     skipped: list[str] = []
-    lines = jsonl_lines(trace) if fmt == "jsonl" else aiperf_lines(trace, skipped)
+    lines = jsonl_lines(trace, rows) if fmt == "jsonl" else aiperf_lines(trace, skipped, rows)
     n = 0
     for line in lines:
         out.write(line)
@@ -110,6 +127,8 @@ def write(trace: Trace, out: IO[bytes], fmt: str) -> tuple[int, list[str]]:
     return n, skipped
 
 
-def export_path(trace: Trace, path: Path, fmt: str) -> tuple[int, list[str]]:
+def export_path(
+    trace: Trace, path: Path, fmt: str, rows: Sequence[int] | None = None
+) -> tuple[int, list[str]]:
     with path.open("wb") as f:
-        return write(trace, f, fmt)
+        return write(trace, f, fmt, rows)

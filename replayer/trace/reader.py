@@ -8,7 +8,11 @@ needed and kept in a bounded LRU.
 A stream whose writer was killed ends in a torn message; the reader keeps
 every complete batch, drops the tail and says so (``Trace.torn_tail``, and a
 warning on the ``replayer.trace`` logger). An IPC file whose footer was never
-written is read the same way.
+written is read the same way. Anything else wrong with the bytes is damage
+(:class:`~replayer.errors.TraceCorruptError`, see :mod:`replayer.trace.integrity`):
+the index is checked at open, each content batch when decoded, and
+:meth:`Trace.verify` reads a selection up front. Older schema versions are
+migrated on the fly (:mod:`replayer.trace.compat`).
 
 Reconstruction walks the delta chain backwards taking only the units each
 level contributes, so building request N costs O(size of N + chain depth),
@@ -23,28 +27,30 @@ import bisect
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from replayer.errors import SchemaVersionError, TraceError
-from replayer.trace import compat
+from replayer.errors import TraceCorruptError, TraceError
+from replayer.trace import compat, integrity
 from replayer.trace import content as cx
+from replayer.trace.integrity import VerifyReport, batch_where, corrupt, short
 from replayer.trace.schema import (
     FORMAT_NAME,
     HEAVY_COLUMNS,
     META_FORMAT,
     META_PROVENANCE,
+    META_SCHEMA_DIGEST,
     META_TOKENS,
     META_VERSION,
     SCHEMA,
-    TRACE_SCHEMA_VERSION,
     Kind,
 )
 from replayer.trace.tokens import BlockPrompts, TokenSpace
@@ -57,7 +63,31 @@ log = logging.getLogger("replayer.trace")
 _FILE_MAGIC = b"ARROW1"
 _CONTENT = ("messages", "text", "blocks", "params")
 _Cell = Callable[[int, str], Any]
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_EOS = integrity.EOS
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+# What a damaged row's values make reconstruction raise.
+_DAMAGE = (IndexError, KeyError, ValueError, TypeError, AttributeError, pa.ArrowException)
+
+
+def _guarded(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A row method whose failures on damaged values become one
+    :class:`TraceCorruptError` naming the row (never a traceback)."""
+
+    @wraps(method)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        trace, row = args[0], cast(int, args[1])
+        assert isinstance(trace, Trace)
+        if not 0 <= row < len(trace):  # a caller's bad row is not damage
+            raise IndexError(f"row {row} out of range (trace has {len(trace)})")
+        try:
+            return method(*args, **kwargs)
+        except TraceError:
+            raise
+        except _DAMAGE as exc:
+            raise trace._corrupt_row(row, exc) from None
+
+    return run
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +121,7 @@ class Trace:
     def __init__(
         self,
         path: Path,
-        schema: pa.Schema,
+        file_schema: pa.Schema,
         index: pa.Table,
         messages: list[pa.Message],
         preludes: list[bytes],
@@ -99,9 +129,15 @@ class Trace:
         form: str,
         torn_tail: bool,
         cache_bytes: int,
+        steps: list[compat.Migration] | None = None,
+        digests: list[integrity.Stored] | None = None,
     ) -> None:
         self.path = path
-        self.schema = schema
+        self.file_schema = file_schema
+        """The schema as stored (before migrations)."""
+        self._steps = steps or []
+        self.schema = compat.migrate_schema(file_schema, self._steps)
+        """The schema as read: the current version's."""
         self.index = index
         self.form = form
         """``"file"`` or ``"stream"``."""
@@ -109,18 +145,26 @@ class Trace:
         """True when an incomplete tail (killed writer) was dropped."""
         self._messages = messages
         self._preludes = preludes
-        self._heavy = [i for i, f in enumerate(schema) if f.name in HEAVY_COLUMNS]
+        self._heavy = [i for i, f in enumerate(file_schema) if f.name in HEAVY_COLUMNS]
+        self._digests = digests
         self._batch_starts: list[int] = []
+        self._batch_lengths = batch_lengths
         n = 0
         for length in batch_lengths:
             self._batch_starts.append(n)
             n += length
         self._num_rows = index.num_rows
-        meta = schema.metadata or {}
+        meta = file_schema.metadata or {}
         self.schema_version = int(meta.get(META_VERSION, b"0"))
-        self.provenance: dict[str, Any] = orjson.loads(meta.get(META_PROVENANCE, b"{}"))
-        tok = orjson.loads(meta.get(META_TOKENS, b"{}"))
-        self.tokens = TokenSpace(**tok) if tok else TokenSpace()
+        """The version as stored (older ones are migrated in memory)."""
+        try:
+            self.provenance: dict[str, Any] = orjson.loads(meta.get(META_PROVENANCE, b"{}"))
+            tok = orjson.loads(meta.get(META_TOKENS, b"{}"))
+            self.tokens = TokenSpace(**tok) if tok else TokenSpace()
+        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+            raise corrupt(path, "header", f"schema metadata unreadable ({short(exc)})") from None
+        self.recorded_tokens = self.tokens
+        """The token space stored in the trace (``tokens`` may be replaced)."""
         self._prompts = BlockPrompts(self.tokens)
         self._batches: OrderedDict[int, pa.RecordBatch] = OrderedDict()
         self._batch_budget = cache_bytes
@@ -133,7 +177,12 @@ class Trace:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, cache_bytes: int = 512 << 20) -> Trace:
-        """Open a trace; raise :class:`TraceError` with a one-line reason if it is not one."""
+        """Open a trace; raise :class:`TraceError` with a one-line reason if it
+        is not one (:class:`TraceCorruptError` if it is a damaged one).
+
+        Checks every message's framing, the index columns (validated, and
+        against their digests), and an IPC file's footer; content batches are
+        checked when decoded (see :meth:`verify`)."""
         p = Path(path)
         if not p.exists():
             raise TraceError(f"{p}: no such file")
@@ -151,13 +200,19 @@ class Trace:
             form = "file"
             body = buf.slice(8)
         try:
-            reader = ipc.open_stream(pa.BufferReader(body))
-            schema = reader.schema
-        except (pa.ArrowInvalid, OSError) as exc:
+            schema = ipc.open_stream(pa.BufferReader(body)).schema
+            _ = schema.names, schema.metadata  # decoded lazily: a damaged name raises here
+        except (pa.ArrowException, OSError, ValueError) as exc:
             raise TraceError(f"{p}: not an Arrow IPC file or stream ({_short(exc)})") from None
-        _check_schema(p, schema)
-        if int((schema.metadata or {}).get(META_VERSION, b"0")) < TRACE_SCHEMA_VERSION:
-            raise TraceError(f"{p}: schema version too old and no migration applies")
+        version = _check_format(p, schema)
+        steps = compat.chain(p, version)
+        mschema = compat.migrate_schema(schema, steps)
+        _check_columns(p, mschema)
+
+        framing = integrity.scan(body)
+        trailer = form == "file" and integrity.has_trailer(buf)
+        torn = integrity.check_framing(p, buf, body, framing, trailer)
+        batches = [m for m in framing.messages if m[0].type == "record batch"]
 
         wanted = [i for i, f in enumerate(schema) if f.name not in HEAVY_COLUMNS]
         idx_reader = ipc.open_stream(
@@ -165,45 +220,78 @@ class Trace:
             options=ipc.IpcReadOptions(included_fields=wanted, use_threads=False),
         )
         idx_batches: list[pa.RecordBatch] = []
-        torn = False
-        while True:
+        digests: list[integrity.Stored] | None = [] if version >= 2 else None
+        fp = integrity.schema_digest(schema)
+        start = 0
+        for k, (msg, _, _) in enumerate(batches):
+            n = integrity.batch_length(msg)
+            where = batch_where(k, start, n) if n is not None else f"batch {k}"
             try:
-                idx_batches.append(idx_reader.read_next_batch())
-            except StopIteration:
-                break
-            except (pa.ArrowInvalid, OSError):
-                torn = True
-                break
-        # Locate each record batch (zero-copy over the map) and remember the
-        # schema and dictionary messages before it: decoding one batch's
-        # content later replays just those as a tiny stream.
+                batch, meta = idx_reader.read_next_batch_with_custom_metadata()
+                batch.validate(full=True)
+            except (pa.ArrowException, OSError, StopIteration) as exc:
+                raise corrupt(p, where, f"does not decode ({_short(exc)})") from None
+            where = batch_where(k, start, batch.num_rows)
+            if digests is None and meta is not None and META_SCHEMA_DIGEST in dict(meta):
+                raise corrupt(p, "header", f"says schema v{version}, but {where} has digests")
+            if digests is not None:
+                got = integrity.stored(p, where, meta, len(schema))
+                if got.schema != fp:
+                    raise corrupt(p, "header", "the schema does not match its digest")
+                integrity.check_columns(p, where, batch, wanted, got)
+                digests.append(got)
+            idx_batches.append(compat.migrate_batch(batch, steps))
+            start += batch.num_rows
+        if trailer:
+            integrity.check_footer(p, buf, framing, schema)
+        # Remember the schema and dictionary messages before each record
+        # batch: decoding one batch's content later replays just those as a
+        # tiny stream.
         messages: list[pa.Message] = []
         preludes: list[bytes] = []
         prelude: list[bytes] = []
-        mreader = ipc.MessageReader.open_stream(pa.BufferReader(body))
-        while len(messages) < len(idx_batches):
-            try:
-                msg = mreader.read_next_message()
-            except (StopIteration, pa.ArrowInvalid, OSError):
-                break
+        for msg, _, _ in framing.messages:
             if msg.type == "record batch":
                 messages.append(msg)
                 preludes.append(b"".join(prelude))
             else:
                 prelude.append(msg.serialize().to_pybytes())
-        del idx_batches[len(messages) :]
-        if form == "file" and buf.slice(buf.size - 6).to_pybytes() != _FILE_MAGIC:
-            torn = True  # the writer never wrote the footer
         if torn:
             log.warning(
                 "%s: incomplete tail dropped (writer was interrupted); %d complete batches kept",
                 p,
                 len(messages),
             )
-        idx_schema = pa.schema([schema.field(i) for i in wanted])
-        index = pa.Table.from_batches(idx_batches, schema=idx_schema)
+        idx_schema = pa.schema([f for f in mschema if f.name not in HEAVY_COLUMNS])
+        try:
+            index = pa.Table.from_batches(idx_batches, schema=idx_schema)
+        except (pa.ArrowException, ValueError) as exc:
+            raise TraceError(f"{p}: wrong schema: {_short(exc)}") from None
         lengths = [b.num_rows for b in idx_batches]
-        return cls(p, schema, index, messages, preludes, lengths, form, torn, cache_bytes)
+        return cls(
+            p, schema, index, messages, preludes, lengths, form, torn, cache_bytes, steps, digests
+        )
+
+    @property
+    def num_batches(self) -> int:
+        return len(self._messages)
+
+    @property
+    def has_digests(self) -> bool:
+        """Whether batches carry column digests (schema v2 and later)."""
+        return self._digests is not None
+
+    def verify(self, rows: Sequence[int] | None = None, *, bodies: bool = True) -> VerifyReport:
+        """Read ``rows`` (default: every row) as a replay would, before
+        anything is sent: decode the batches holding them and their delta
+        bases (matching their digests), rebuild each body and match its length
+        with ``body_bytes``; for the whole trace, also the index invariants
+        (:func:`~replayer.trace.integrity.check_invariants`). Raises
+        :class:`TraceCorruptError` naming the first bad batch or row.
+
+        Streaming, like :meth:`iter_json`: memory stays bounded whatever the
+        trace's size. ``bodies=False`` only decodes and matches the batches."""
+        return integrity.verify(self, rows, bodies=bodies)
 
     # -- index access ------------------------------------------------------
 
@@ -259,13 +347,34 @@ class Trace:
 
     def _decode(self, k: int) -> pa.RecordBatch:
         """Decode the content columns of batch ``k`` (replaying only the
-        schema and dictionary messages before it, then the batch)."""
+        schema and dictionary messages before it, then the batch), validated
+        and matched against their digests, then migrated."""
         stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + _EOS
-        reader = ipc.open_stream(
-            pa.py_buffer(stream),
-            options=ipc.IpcReadOptions(included_fields=self._heavy, use_threads=False),
-        )
-        return reader.read_next_batch()
+        where = batch_where(k, self._batch_starts[k], self._batch_lengths[k])
+        try:
+            reader = ipc.open_stream(
+                pa.py_buffer(stream),
+                options=ipc.IpcReadOptions(included_fields=self._heavy, use_threads=False),
+            )
+            batch = reader.read_next_batch()
+            batch.validate(full=True)
+        except (pa.ArrowException, OSError, StopIteration) as exc:
+            raise corrupt(self.path, where, f"does not decode ({_short(exc)})") from None
+        if batch.num_rows != self._batch_lengths[k]:
+            raise corrupt(self.path, where, f"content has {batch.num_rows} rows")
+        if self._digests is not None:
+            integrity.check_columns(self.path, where, batch, self._heavy, self._digests[k])
+        return compat.migrate_batch(batch, self._steps)
+
+    def _where(self, row: int) -> str:
+        try:
+            return f"row {row} ({self.column('request_id')[row]})"
+        except (IndexError, KeyError):
+            return f"row {row}"
+
+    def _corrupt_row(self, row: int, exc: BaseException) -> TraceCorruptError:
+        what = f"body does not rebuild ({type(exc).__name__}: {_short(exc)})"
+        return corrupt(self.path, self._where(row), what)
 
     def _batch_of(self, row: int) -> int:
         if not 0 <= row < self._num_rows:
@@ -298,6 +407,7 @@ class Trace:
             return cell(row, "blocks") or []
         return None
 
+    @_guarded
     def content(
         self, row: int, live: dict[int, Any] | None = None, cell: _Cell | None = None
     ) -> Any:
@@ -328,7 +438,7 @@ class Trace:
                 break
             cur = base_col[cur]
             if cur is None:
-                raise TraceError(f"{self.path}: row {row}: delta chain broken (keep without base)")
+                raise corrupt(self.path, self._where(row), "delta chain broken (keep without base)")
         if kind is Kind.TEXT:
             return prefix + "".join(reversed(pieces))
         out = list(prefix)
@@ -336,6 +446,7 @@ class Trace:
             out.extend(p)
         return out
 
+    @_guarded
     def params_text(self, row: int, cell: _Cell | None = None) -> str:
         """The effective params JSON of a row (inherited along the chain).
 
@@ -356,7 +467,7 @@ class Trace:
             walked.append(cur)
             cur = base_col[cur]
         if text is None:
-            raise TraceError(f"{self.path}: row {row}: no params along its delta chain")
+            raise corrupt(self.path, self._where(row), "no params along its delta chain")
         if len(memo) > 1_000_000:
             memo.clear()
         for r in walked:
@@ -376,6 +487,7 @@ class Trace:
             self.column("block_ns")[row],
         )
 
+    @_guarded
     def body_json(
         self,
         row: int,
@@ -445,6 +557,7 @@ class Trace:
             for done in expire.pop(i, ()):
                 live.pop(done, None)
 
+    @_guarded
     def outcome(self, row: int) -> dict[str, Any]:
         """The recorded outcome of a row (None where unknown)."""
         names = (
@@ -463,6 +576,7 @@ class Trace:
             out["output_tool_calls"] = orjson.loads(out["output_tool_calls"])
         return out
 
+    @_guarded
     def record(self, row: int, content: Any = None) -> RequestRecord:
         """The row as a :class:`RequestRecord`, to write it into another trace
         (a subset, a merge): same body, ids, timing and recorded outcome."""
@@ -499,10 +613,12 @@ class Trace:
             meta=self.meta(row),
         )
 
+    @_guarded
     def meta(self, row: int) -> dict[str, Any] | None:
         text = self._cell(row, "meta")
         return orjson.loads(text) if text is not None else None
 
+    @_guarded
     def block_tokens(self, row: int) -> list[int]:
         """Token ids of a blocks row, as sent."""
         c = self.column
@@ -632,7 +748,8 @@ class BodyBuilder:
         return body
 
 
-def _check_schema(p: Path, schema: pa.Schema) -> None:
+def _check_format(p: Path, schema: pa.Schema) -> int:
+    """The stored schema version of a replayer trace."""
     meta = schema.metadata or {}
     if meta.get(META_FORMAT) != FORMAT_NAME.encode():
         raise TraceError(
@@ -640,17 +757,12 @@ def _check_schema(p: Path, schema: pa.Schema) -> None:
         )
     version = meta.get(META_VERSION, b"")
     try:
-        v = int(version)
+        return int(version)
     except ValueError:
         raise TraceError(f"{p}: bad schema version {version!r}") from None
-    if v > TRACE_SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"{p}: written by a newer replayer (trace schema v{v}; this replayer reads up to "
-            f"v{TRACE_SCHEMA_VERSION}); upgrade replayer to read it"
-        )
-    if v < TRACE_SCHEMA_VERSION:
-        compat.check_migratable(p, v)
-        return
+
+
+def _check_columns(p: Path, schema: pa.Schema) -> None:
     for f in SCHEMA:
         if f.name not in schema.names:
             raise TraceError(f"{p}: wrong schema: column {f.name!r} is missing")
@@ -659,6 +771,4 @@ def _check_schema(p: Path, schema: pa.Schema) -> None:
             raise TraceError(f"{p}: wrong schema: column {f.name!r} is {got}, expected {f.type}")
 
 
-def _short(exc: BaseException) -> str:
-    s = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return s[:160]
+_short = short

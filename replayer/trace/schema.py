@@ -1,4 +1,4 @@
-"""Trace format v1: the contract every stage reads and writes.
+"""Trace format v2: the contract every stage reads and writes.
 
 A trace is an Apache Arrow IPC stream or file (zstd-compressed buffers), one
 row per request. Row order is storage order; *trace order* is ``start_us``
@@ -19,6 +19,10 @@ million repeated strings, and a dictionary makes them nearly free on disk.
 Schema metadata carries ``replayer.format``, ``replayer.schema_version``,
 ``replayer.provenance`` (JSON) and ``replayer.tokens`` (JSON: the token space
 of ``blocks`` rows).
+
+Each record batch's custom metadata carries ``replayer.schema_digest`` and
+``replayer.column_digests`` (v2; see :mod:`replayer.trace.integrity`). v1 is
+v2 without them; :mod:`replayer.trace.compat` migrates it on open.
 """
 
 from __future__ import annotations
@@ -27,13 +31,16 @@ from enum import StrEnum
 
 import pyarrow as pa
 
-TRACE_SCHEMA_VERSION = 1
+TRACE_SCHEMA_VERSION = 2
 FORMAT_NAME = "replayer-trace"
 
 META_FORMAT = b"replayer.format"
 META_VERSION = b"replayer.schema_version"
 META_PROVENANCE = b"replayer.provenance"
 META_TOKENS = b"replayer.tokens"
+# per record batch (v2)
+META_SCHEMA_DIGEST = b"replayer.schema_digest"
+META_COLUMN_DIGESTS = b"replayer.column_digests"
 
 
 class Kind(StrEnum):

@@ -31,6 +31,7 @@ import pyarrow.ipc as ipc
 from replayer import __version__
 from replayer.errors import TraceError
 from replayer.trace import content as cx
+from replayer.trace.integrity import batch_metadata
 from replayer.trace.schema import (
     DICT_COLUMNS,
     FORMAT_NAME,
@@ -390,7 +391,8 @@ class TraceWriter:
                 else pa.array(self._cols[f.name], type=f.type)
                 for f in self._schema
             ]
-            self._ipc.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self._schema))
+            batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+            self._ipc.write_batch(batch, custom_metadata=batch_metadata(batch, self._schema))
             self.rows_written += n
             self.batches_written += 1
             for v in self._cols.values():

@@ -129,3 +129,61 @@ def test_aiperf_makes_namespaced_block_ids_globally_unique(tmp_path):
     rows = [orjson.loads(x) for x in buf.getvalue().splitlines()]
     # same local ids in different namespaces part ways; within one they still share
     assert [r["hash_ids"] for r in rows] == [[0, 1], [2, 3, 4], [0, 1, 5]]
+
+
+# -- selection (replay's --limit / --sessions / --requests) --------------------
+
+
+def _cli(*args):
+    import contextlib
+
+    from replayer.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main([str(a) for a in args])
+    return rc, err.getvalue()
+
+
+def test_export_takes_replays_selection(tmp_path):
+    from replayer.trace import Trace
+
+    from .fixtures import write_current
+
+    path = write_current(tmp_path / "t.arrow")
+    t = Trace.open(path)
+    out = tmp_path / "one.jsonl"
+    # one request, by id: its full body and nothing else
+    rc, err = _cli("export", path, "--requests", "bsynth-00000-t002", "-o", out)
+    assert rc == 0 and "exported 1 requests" in err, err
+    (line,) = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert line["body"] == t.body(t.row_of("bsynth-00000-t002"))
+    # a session by position, the first N, ranges: the same rows replay would send
+    for spec, want in (
+        (("--sessions", "0"), [r for r in t.order if t.column("session_id")[r] == "csynth-00000"]),
+        (("--limit", "4"), t.order[:4]),
+        (("--requests", "2..3,0"), [t.order[0], t.order[2], t.order[3]]),
+    ):
+        rc, err = _cli("export", path, *spec, "-o", out, "--force")
+        assert rc == 0, err
+        got = [orjson.loads(x)["request_id"] for x in out.read_bytes().splitlines()]
+        assert got == [t.column("request_id")[r] for r in want], spec
+    rc, err = _cli("export", path, "--sessions", "1", "--format", "aiperf", "-o", out, "--force")
+    assert rc == 0, err
+    assert {orjson.loads(x)["session_id"] for x in out.read_bytes().splitlines()} == {
+        "bsynth-00000"
+    }
+
+
+def test_an_empty_or_bad_selection_is_one_line(tmp_path):
+    from .fixtures import write_current
+
+    path = write_current(tmp_path / "t.arrow")
+    out = tmp_path / "x.jsonl"
+    for spec, words in (
+        (("--limit", "0"), "the selection is empty"),
+        (("--requests", "nope"), "no request 'nope'"),
+    ):
+        rc, err = _cli("export", path, *spec, "-o", out)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+        assert not out.exists()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from replayer.errors import SchemaVersionError, TraceError
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
-from replayer.trace.schema import META_VERSION
+from replayer.trace.schema import META_VERSION, TRACE_SCHEMA_VERSION
 
 from .test_writer import growing_session, write
 
@@ -133,12 +133,13 @@ def test_wrong_schema(tmp_path):
 def test_newer_schema_version_is_refused(tmp_path):
     def bump(t):
         meta = dict(t.schema.metadata)
-        meta[META_VERSION] = b"2"
+        meta[META_VERSION] = str(TRACE_SCHEMA_VERSION + 1).encode()
         return t.replace_schema_metadata(meta)
 
     p = _rewrite_with(tmp_path, bump)
+    newer, current = TRACE_SCHEMA_VERSION + 1, TRACE_SCHEMA_VERSION
     with pytest.raises(
-        SchemaVersionError, match=r"newer replayer \(trace schema v2; .* up to v1\)"
+        SchemaVersionError, match=rf"newer replayer \(trace schema v{newer}; .* up to v{current}\)"
     ):
         Trace.open(p)
 

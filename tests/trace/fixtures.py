@@ -1,0 +1,124 @@
+"""Trace fixtures made by code: the records, a current writer, and the v1
+writer that makes the committed older-schema fixture.
+
+``python -m tests.trace.fixtures`` regenerates ``tests/trace/data/``;
+``test_compat`` checks that doing so gives the committed content.
+
+``v1-mixed.arrow`` is what replayer wrote before schema v2: the same
+columns, compression and dictionary deltas, ``replayer.schema_version`` 1,
+and record batches without digests. It is made by writing a current trace
+and downgrading it (:func:`write_v1`), not by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from replayer.trace import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.schema import META_PROVENANCE, META_VERSION
+from replayer.trace.synth import SynthOptions, sessions
+
+DATA = Path(__file__).with_name("data")
+V1_FIXTURE = DATA / "v1-mixed.arrow"
+MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
+CREATED = "2026-01-01T00:00:00+00:00"
+
+
+def _prefixed(rec: RequestRecord, prefix: str, offset_us: int) -> RequestRecord:
+    return dataclasses.replace(
+        rec,
+        request_id=prefix + rec.request_id,
+        session_id=prefix + rec.session_id,
+        base_hint=prefix + rec.base_hint if rec.base_hint else None,
+        start_us=rec.start_us + offset_us,
+        end_us=rec.end_us + offset_us if rec.end_us is not None else None,
+    )
+
+
+def records() -> list[RequestRecord]:
+    """Every payload kind: chat and blocks sessions, a text and a raw request."""
+    common = {"turns": 3, "max_tokens": 8, "model": MODEL, "rate": 4.0, "think": 0.2}
+    chat = SynthOptions(sessions=2, context=3000, seed=11, **common)
+    blocks = SynthOptions(
+        sessions=2, context=2000, payload="blocks", block_size=16, seed=12, **common
+    )
+    out = [_prefixed(r, "c", 0) for r in sessions(chat)]
+    out += [_prefixed(r, "b", 1000) for r in sessions(blocks)]
+    out.append(
+        RequestRecord.from_body(
+            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8},
+            request_id="text-0",
+            session_id="text",
+            turn=0,
+            start_us=2000,
+        )
+    )
+    out.append(
+        RequestRecord.from_body(
+            {"model": MODEL, "prompt": [101, 102, 103], "max_tokens": 4},
+            request_id="raw-0",
+            session_id="raw",
+            turn=0,
+            start_us=3000,
+            path="/v1/completions",
+        )
+    )
+    return out
+
+
+def write_current(path: Path, *, form: str = "file", flush_rows: int = 3) -> Path:
+    """The records as a current-version trace, ``flush_rows`` rows a batch."""
+    meta = TraceMeta(source="test-fixture", created_at=CREATED)
+    with TraceWriter(
+        path, meta, form="file" if form == "file" else "stream", flush_rows=flush_rows
+    ) as w:
+        for rec in records():
+            w.add(rec)
+    return path
+
+
+def write_v1(
+    src: Path, out: Path, mutate: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
+) -> Path:
+    """The v1 writer: ``src`` (a current trace) as replayer 0.1 wrote it,
+    schema version 1 and batches without digests, in ``src``'s IPC form.
+    ``mutate`` changes each batch first (tests of damage no digest can catch)."""
+    data = pa.memory_map(str(src)).read_buffer()
+    is_file = data.slice(0, 6).to_pybytes() == b"ARROW1"
+    reader = ipc.open_file(data) if is_file else ipc.open_stream(data)
+    meta = dict(reader.schema.metadata)
+    meta[META_VERSION] = b"1"
+    prov = orjson.loads(meta[META_PROVENANCE])
+    prov["tool_version"] = "0.1.0"
+    meta[META_PROVENANCE] = orjson.dumps(prov)
+    schema = reader.schema.with_metadata(meta)
+    opts = ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3), emit_dictionary_deltas=True)
+    batches = (
+        [reader.get_batch(i) for i in range(reader.num_record_batches)] if is_file else list(reader)
+    )
+    new = ipc.new_file if is_file else ipc.new_stream
+    with pa.OSFile(str(out), "wb") as sink, new(sink, schema, options=opts) as w:
+        for b in batches:
+            w.write_batch(mutate(b) if mutate else b)  # no custom metadata: v1 had no digests
+    return out
+
+
+def make_v1_fixture(out: Path = V1_FIXTURE) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".current")
+    try:
+        write_v1(write_current(tmp), out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+if __name__ == "__main__":
+    print(make_v1_fixture(Path(sys.argv[1]) if len(sys.argv) > 1 else V1_FIXTURE))
