@@ -91,6 +91,10 @@ class TrialRecord:
     """The trial's run directory, relative to the bisect directory."""
     failed_request: str | None = None
     suspects: list[str] = field(default_factory=list)
+    reached: int | None = None
+    """1 + the last position sent by the time of the failure (None: not known)."""
+    inflight: list[int] = field(default_factory=list)
+    """Positions in flight at the failure."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -98,8 +102,9 @@ class TrialRecord:
         return d
 
 
-class Runner(Protocol):
-    """Runs one trial of a candidate (the real one drives a target)."""
+class CandidateRunner(Protocol):
+    """Runs one trial of a candidate: the bisect's adapter over a
+    :class:`~replayer.minimize.runner.Runner`, or a test's fake."""
 
     async def run(self, candidate: Candidate, trial: int, stage: str) -> TrialRecord: ...
 
@@ -133,7 +138,7 @@ class Oracle:
 
     def __init__(
         self,
-        runner: Runner,
+        runner: CandidateRunner,
         journal: Path,
         *,
         alpha: float = 0.05,
@@ -169,13 +174,18 @@ class Oracle:
     def _load(self) -> None:
         if not self.journal.exists():
             return
-        for line in self.journal.read_bytes().splitlines():
-            if not line.strip():
-                continue
+        data = self.journal.read_bytes()
+        at = 0
+        for line in data.splitlines(keepends=True):
             try:
-                e = orjson.loads(line)
+                e = orjson.loads(line) if line.strip() else {}
             except orjson.JSONDecodeError:
-                break  # a torn last line of a killed run: everything before it stands
+                # a torn last line of a killed run: everything before it stands,
+                # and it goes, or the next entry appended would be torn with it
+                with self.journal.open("r+b") as f:
+                    f.truncate(at)
+                break
+            at += len(line)
             if e.get("event") == "trial":
                 cand = Candidate(tuple(e["positions"]), e["timing"], e["speed"])
                 rec = TrialRecord(
@@ -190,11 +200,14 @@ class Oracle:
             elif e.get("event") == "mark":
                 self.marks[e["name"]] = int(e["trials"])
 
-    def _append(self, entry: dict[str, Any]) -> None:
+    def _append(self, *entries: dict[str, Any], sync: bool = True) -> None:
+        """Append ``entries`` in one write. Only trials are synced: a verdict or
+        mark lost with the unsynced tail is recomputed from the same records."""
         with self.journal.open("ab") as f:
-            f.write(orjson.dumps(entry) + b"\n")
+            f.write(b"".join(orjson.dumps(e) + b"\n" for e in entries))
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
 
     def _account(self, cand: Candidate, rec: TrialRecord) -> None:
         key = cand.key()
@@ -262,9 +275,9 @@ class Oracle:
                 "timing": cand.timing,
                 "speed": cand.speed,
                 "record": rec.to_json(),
-            }
+            },
+            {"event": "time", "spent_s": self.budget.spent_s},
         )
-        self._append({"event": "time", "spent_s": self.budget.spent_s})
         for cb in self.on_trial:
             cb(rec, cand)
         return rec
@@ -292,7 +305,7 @@ class Oracle:
         """The trial count when the search first reached ``name`` (journaled)."""
         if name not in self.marks:
             self.marks[name] = self.trials
-            self._append({"event": "mark", "name": name, "trials": self.trials})
+            self._append({"event": "mark", "name": name, "trials": self.trials}, sync=False)
         return self.marks[name]
 
     async def flaky_prefix(
@@ -328,7 +341,7 @@ class Oracle:
 
     def _decide(self, key: str, value: bool) -> bool:
         self.verdicts[key] = value
-        self._append({"event": "verdict", "key": key, "value": value})
+        self._append({"event": "verdict", "key": key, "value": value}, sync=False)
         return value
 
     def history(self) -> Sequence[TrialRecord]:

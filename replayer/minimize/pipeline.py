@@ -23,23 +23,33 @@ same on the control target if there is one. The best-so-far bundle is
 rewritten after every improvement, so a stopped bisect leaves a usable one.
 Every trial is journaled (``journal.jsonl``) before the search moves on;
 ``--resume`` replays the journal and continues without repeating a trial.
+
+Who runs a trial is a :class:`~replayer.minimize.runner.Runner`: a real
+target (a :class:`~replayer.minimize.trial.TrialEnv`, wrapped as
+:class:`~replayer.minimize.runner.EnvRunner`) or a user's own oracle, for
+the main target and the control alike. The passes are in
+:mod:`~replayer.minimize.stages`, confirmation in
+:mod:`~replayer.minimize.confirm`, the bundle in
+:mod:`~replayer.minimize.manifest`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from replayer.bundle.export import write_bundle
+from replayer.errors import OptionError
+from replayer.minimize import confirm as _confirm
+from replayer.minimize import manifest as _manifest
+from replayer.minimize import stages as _stages
 from replayer.minimize.oracle import (
     Budget,
     BudgetExhausted,
@@ -48,26 +58,30 @@ from replayer.minimize.oracle import (
     Outcome,
     TrialRecord,
 )
-from replayer.minimize.search import bisect_reduce, shortest_prefix
-from replayer.minimize.stats import describe_rate, wilson, zero_upper
-from replayer.minimize.trial import NotExercised, TrialEnv
+from replayer.minimize.runner import Runner, Trial, as_runner, observed
+from replayer.minimize.stages import STAGES, NotReproducible
+from replayer.minimize.stats import fisher_one_sided
+from replayer.minimize.trial import Chase, NotExercised, TrialEnv
 from replayer.monitor.signature import Signature
-from replayer.replay.policy import Timing
-from replayer.replay.results import read_results
-from replayer.replay.run import sha256_file
+from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.trace.reader import Trace
 
-log = logging.getLogger("replayer.minimize")
+__all__ = [
+    "STAGES",
+    "Bisect",
+    "BisectOptions",
+    "BisectResult",
+    "Control",
+    "NotReproducible",
+    "fisher_one_sided",
+    "run_bisect",
+]
 
-STAGES = ("calibrate", "cut", "prefix", "sessions", "turns", "timing")
 
-
-class NotReproducible(Exception):
-    """Calibration saw no crash of the full trace."""
-
-
-@dataclass
+@dataclass(frozen=True)
 class BisectOptions:
+    """How hard a bisect searches and how it confirms (see the module doc)."""
+
     stages: tuple[str, ...] = STAGES
     calibrate_matches: int = 5
     calibrate_runs: int = 10
@@ -77,6 +91,28 @@ class BisectOptions:
     max_time: float | None = None
     speedups: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
     try_asap: bool = True
+    bundle: bool = True
+    """Write the repro bundle (after every improvement and at the end)."""
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad:
+            raise OptionError(
+                "stages",
+                f"names unknown stage(s) {', '.join(bad)}; the stages are {', '.join(STAGES)}",
+            )
+        if self.calibrate_matches < 1:
+            raise OptionError("calibrate_matches", "must be at least 1")
+        if self.calibrate_runs < 1:
+            raise OptionError("calibrate_runs", "must be at least 1")
+        if self.confirm < 0:
+            raise OptionError("confirm", "must not be negative")
+        if not 0 < self.alpha < 1:
+            raise OptionError("alpha", "must be between 0 and 1")
+        if self.max_trials is not None and self.max_trials < 1:
+            raise OptionError("max_trials", "must be at least 1")
+        if self.max_time is not None and not self.max_time > 0:
+            raise OptionError("max_time", "must be positive")
 
 
 @dataclass
@@ -84,13 +120,13 @@ class Control:
     """The platform that runs clean (e.g. B300): the repro is replayed there too."""
 
     name: str
-    env: TrialEnv
+    runner: Runner | TrialEnv
 
 
 @dataclass
 class BisectResult:
     status: str
-    """``complete``, ``budget_exhausted`` or ``not_reproducible``."""
+    """``complete``, ``budget_exhausted``, ``not_reproducible`` or ``not_exercised``."""
     best: Candidate
     bundle: Path | None
     trials: int
@@ -98,83 +134,104 @@ class BisectResult:
     control: tuple[int, int] | None = None
     signature: Signature | None = None
     stages_done: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    """The best repro's request ids, in trace order."""
 
 
-class _Runner:
-    """The oracle's runner: a candidate becomes a trial on the real target."""
+class _Trials:
+    """The oracle's runner: a candidate becomes a :class:`Trial` for the
+    bisect's runner, and what it observed a journaled :class:`TrialRecord`."""
 
     def __init__(self, bisect: Bisect) -> None:
         self.b = bisect
 
     async def run(self, cand: Candidate, trial: int, stage: str) -> TrialRecord:
         b = self.b
-        rows = [b.rows[p] for p in cand.positions]
-        policy = replace(b.env.policy, timing=Timing(cand.timing), speed=cand.speed)
         rel = f"trials/{trial:04d}"
         started = time.time()
         t0 = time.monotonic()
-        res = await b.env.run(rows, b.out / rel, policy=policy)
-        if res.unexercised and stage == "calibrate":
-            raise NotExercised(res.unexercised)
-        sig = res.signature
+        obs = observed(await b.runner.run(b.trial(cand, trial, stage, b.out / rel, b.chase)))
+        sig = obs.signature_hash
+        outcome = obs.outcome
+        c = b.chase
+        slipped = c.regex is None and None not in (c.signature, sig) and sig != c.signature
+        if outcome is Outcome.MATCH and slipped:
+            outcome = Outcome.OTHER_FAILURE  # a runner's MATCH with another crash's label
         rec = TrialRecord(
             trial=trial,
             key=cand.key(),
-            size=len(rows),
+            size=len(cand.positions),
             stage=stage,
-            outcome=res.outcome,
-            failure_class=res.failure_class,
-            signature=sig.hash if sig else None,
-            message=res.message,
+            outcome=outcome,
+            failure_class=obs.failure_class,
+            signature=sig,
+            message=obs.message,
             duration_s=round(time.monotonic() - t0, 3),
             started_at=started,
             run=rel,
-            failed_request=(res.failure or {}).get("request_id"),
-            suspects=list(sig.suspects) if sig else [],
+            failed_request=obs.failed_request,
+            suspects=list(obs.suspects or getattr(obs.signature, "suspects", ())),
+            reached=None if obs.sent is None else b.reached(obs.sent),
+            inflight=b.positions_of(obs.in_flight),
         )
-        if res.outcome is Outcome.MATCH and not b.env.chase.pinned:
-            # the first crash of the full trace is the one this bisect chases
-            b.env.chase.failure_class = res.failure_class
-            b.env.chase.signature = sig.hash if sig else None
-            b.signature = sig
-        if res.outcome is Outcome.MATCH and sig is not None and b.signature is None:
-            b.signature = sig
+        if isinstance(obs.signature, Signature):
+            path = b.out / rel / "signature.json"
+            if not path.exists():  # the real target writes its own
+                path.write_bytes(orjson.dumps(obs.signature.to_dict(), option=orjson.OPT_INDENT_2))
+        if outcome is Outcome.MATCH:
+            if not c.pinned:
+                # the first crash of the full trace is the one this bisect chases
+                c.failure_class, c.signature = obs.failure_class, sig
+            if b.signature is None and isinstance(obs.signature, Signature):
+                b.signature = obs.signature
         return rec
 
 
 class Bisect:
-    """One minimization of one trace against one target (see the module doc).
+    """One minimization of one trace with one runner (see the module doc).
+
+    ``runner`` is a real target's :class:`TrialEnv` or any
+    :class:`~replayer.minimize.runner.Runner`; ``policy`` (default: the
+    env's) is the replay policy trials start from and the bundle states;
+    ``chase`` (default: the env's) pins the failure to chase.
 
     **Usage**::
 
         b = Bisect(trace, rows, env, out, BisectOptions(confirm=10))
-        result = await b.run()
+        result = await run_bisect(b)
     """
 
     def __init__(
         self,
         trace: Trace,
         rows: Sequence[int],
-        env: TrialEnv,
+        runner: Runner | TrialEnv,
         out: Path,
         opts: BisectOptions | None = None,
         *,
         control: Control | None = None,
+        policy: ReplayPolicy | None = None,
+        chase: Chase | None = None,
         facts: dict[str, Any] | None = None,
         say: Callable[[str], None] | None = None,
     ) -> None:
+        env = runner if isinstance(runner, TrialEnv) else None
         self.trace = trace
         self.rows = list(rows)
-        self.env = env
+        self.runner = as_runner(runner)
+        self.policy = policy or (env.policy if env else ReplayPolicy())
+        self.chase = chase or (env.chase if env else Chase())
         self.out = out
         self.opts = opts or BisectOptions()
         self.control = control
+        self.control_runner = as_runner(control.runner) if control else None
         self.facts = facts or {}
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.signature: Signature | None = None
         self.started = time.monotonic()
+        out.mkdir(parents=True, exist_ok=True)
         self.oracle = Oracle(
-            _Runner(self),
+            _Trials(self),
             out / "journal.jsonl",
             alpha=self.opts.alpha,
             # a crash seen on every calibration run is taken as deterministic
@@ -184,9 +241,10 @@ class Bisect:
         self.oracle.on_trial.append(self._progress)
         self.sessions = trace.column("session_id")
         self.ids = trace.column("request_id")
-        base = replace(env.policy)
-        self.timing, self.speed = base.timing.value, base.speed
-        self.best = Candidate(tuple(range(len(self.rows))), self.timing, self.speed)
+        self._pos_of = {r: p for p, r in enumerate(self.rows)}
+        self.best = Candidate(
+            tuple(range(len(self.rows))), self.policy.timing.value, self.policy.speed
+        )
         self.prefix_length: int | None = None
         self.stages_done: list[str] = []
         self.trace_sha = ""
@@ -196,15 +254,14 @@ class Bisect:
 
     def _restore_chase(self) -> None:
         """On resume, the chased failure is the first journaled match's."""
-        if self.env.chase.pinned:
-            return
         for rec in self.oracle.history():
-            if rec.outcome is Outcome.MATCH:
-                self.env.chase.failure_class = rec.failure_class
-                self.env.chase.signature = rec.signature
-                sig_path = self.out / (rec.run or "") / "signature.json"
-                if rec.run and sig_path.exists():
-                    self.signature = Signature.from_dict(orjson.loads(sig_path.read_bytes()))
+            if rec.outcome is not Outcome.MATCH:
+                continue
+            if not self.chase.pinned:
+                self.chase.failure_class, self.chase.signature = rec.failure_class, rec.signature
+            sig_path = self.out / (rec.run or "") / "signature.json"
+            if rec.run and sig_path.exists():
+                self.signature = Signature.from_dict(orjson.loads(sig_path.read_bytes()))
                 return
 
     def _progress(self, rec: TrialRecord, cand: Candidate) -> None:
@@ -237,209 +294,48 @@ class Bisect:
             + (self.opts.confirm if self.opts.confirm else 0)
         )
 
+    def trial(self, cand: Candidate, number: int, stage: str, out: Path, chase: Chase) -> Trial:
+        """What the runner is asked: ``cand``'s rows with its timing and speed."""
+        out.mkdir(parents=True, exist_ok=True)
+        return Trial(
+            trace=self.trace,
+            rows=tuple(self.rows[p] for p in cand.positions),
+            policy=replace(self.policy, timing=Timing(cand.timing), speed=cand.speed),
+            number=number,
+            stage=stage,
+            out=out,
+            chase=chase,
+        )
+
+    def session(self, position: int) -> str:
+        s: str = self.sessions[self.rows[position]]
+        return s
+
+    def positions_of(self, rows: Sequence[int]) -> list[int]:
+        """Positions of the selection's ``rows`` (others are ignored)."""
+        return [self._pos_of[r] for r in rows if r in self._pos_of]
+
+    def reached(self, sent: Sequence[int]) -> int | None:
+        """1 + the last position among the rows ``sent`` (None: none sent)."""
+        positions = self.positions_of(sent)
+        return max(positions) + 1 if positions else None
+
     def candidate(self, positions: Sequence[int]) -> Candidate:
         return Candidate(tuple(sorted(positions)), self.best.timing, self.best.speed)
 
     async def test(self, positions: Sequence[int], stage: str) -> bool:
         return await self.oracle.test(self.candidate(positions), stage=stage)
 
-    def _improve(self, cand: Candidate, stage: str) -> None:
+    def improve(self, cand: Candidate, stage: str) -> None:
         if cand != self.best:
             self.best = cand
             self.say(
                 f"== {stage}: best repro now {len(cand.positions):,} requests "
                 f"({cand.timing}, speed {cand.speed:g})"
             )
-            self._write_bundle("in_progress")
+            self.write_bundle("in_progress")
 
-    # -- stages ------------------------------------------------------------------
-
-    async def calibrate(self) -> None:
-        full = self.best
-        o = self.opts
-        for _ in range(o.calibrate_runs + o.calibrate_matches):
-            c = self.oracle.counts(full)
-            runs = (
-                c[Outcome.MATCH] + c[Outcome.PASS] + c[Outcome.OTHER_FAILURE] + c[Outcome.INVALID]
-            )
-            if c[Outcome.MATCH] >= o.calibrate_matches or runs >= o.calibrate_runs:
-                break
-            if c[Outcome.INFRA] > 3:
-                raise NotReproducible("the target failed to launch repeatedly (see trials/)")
-            await self.oracle.run_once(full, "calibrate")
-        c = self.oracle.counts(full)
-        if not c[Outcome.MATCH]:
-            runs = sum(c.values()) - c[Outcome.INFRA]
-            others = (
-                f"; {len(self.oracle.bugs)} other failure(s) recorded" if self.oracle.bugs else ""
-            )
-            raise NotReproducible(
-                f"the full trace did not crash in {runs} run(s) (95% upper bound on the crash "
-                f"rate {zero_upper(runs):.0%}){others}"
-            )
-        k, n = self.oracle.crash_rate()
-        self.say(
-            f"== calibrate: {describe_rate(k, n)}; chasing {self.env.chase.failure_class}"
-            + (f" {self.env.chase.signature}" if self.env.chase.signature else "")
-        )
-
-    def _first_match(self) -> TrialRecord | None:
-        for rec in self.oracle.history():
-            if rec.outcome is Outcome.MATCH and rec.key == self.best.key():
-                return rec
-        return next((r for r in self.oracle.history() if r.outcome is Outcome.MATCH), None)
-
-    def _failure_point(self) -> tuple[int | None, list[int]]:
-        """(1 + last position dispatched at or before the failure, positions in
-        flight then), from the first matching run of the current best."""
-        rec = self._first_match()
-        if rec is None or rec.run is None:
-            return None, []
-        run = self.out / rec.run
-        summary = orjson.loads((run / "summary.json").read_bytes())
-        f = summary["targets"][self.env.name]["failure"]
-        at_us = round(f["at_s"] * 1e6)
-        pos_of = {self.rows[p]: p for p in self.best.positions}
-        upto = None
-        inflight = []
-        for r in read_results(run / "results.arrow"):
-            p = pos_of.get(r["row"])
-            if p is None or r["dispatched_us"] is None:
-                continue
-            if r["dispatched_us"] <= at_us:
-                upto = p if upto is None else max(upto, p)
-                if (
-                    r["done_us"] is None
-                    or r["done_us"] >= at_us
-                    or r["request_id"] == f["request_id"]
-                ):
-                    inflight.append(p)
-        return (None if upto is None else upto + 1), inflight
-
-    async def cut(self) -> None:
-        end, _ = self._failure_point()
-        positions = self.best.positions
-        if end is None or end >= len(positions):
-            return
-        cand = self.candidate(positions[:end])
-        if await self.oracle.test(cand, stage="cut"):
-            self._improve(cand, "cut")
-
-    async def prefix(self) -> None:
-        items = list(self.best.positions)
-
-        async def probe(prefix: tuple[int, ...]) -> bool:
-            return await self.test(prefix, "prefix")
-
-        if self.oracle.repeats(upto=self.oracle.mark("prefix")) > 1:
-            # flaky: one run per probe, weighed by a posterior, beats r runs per probe
-            h = await self.oracle.flaky_prefix(
-                len(items), lambda j: self.candidate(items[:j]), stage="prefix"
-            )
-        else:
-            h = await shortest_prefix(items, (), probe)
-        self.prefix_length = h
-        self._improve(self.candidate(items[:h]), "prefix")
-
-    def _session_order(self, positions: Sequence[int], pinned: str) -> list[str]:
-        """Other sessions, likely culprits first: named in the crash dump, in
-        flight at the crash, then by how recently they sent a request."""
-        sess = [self.sessions[self.rows[p]] for p in positions]
-        last_seen: dict[str, int] = {}
-        for p, s in zip(positions, sess, strict=True):
-            last_seen[s] = p
-        rank: dict[str, tuple[int, int]] = {
-            s: (2, -last) for s, last in last_seen.items() if s != pinned
-        }
-        _, inflight = self._failure_point()
-        for p in inflight:
-            s = self.sessions[self.rows[p]]
-            if s in rank:
-                rank[s] = (1, rank[s][1])
-        sig = self.signature
-        if sig is not None:
-            ids = {self.ids[self.rows[p]]: p for p in positions}
-            for rid in sig.suspects:
-                if rid in ids:
-                    s = self.sessions[self.rows[ids[rid]]]
-                    if s in rank:
-                        rank[s] = (0, rank[s][1])
-        return sorted(rank, key=rank.__getitem__)
-
-    async def sessions_stage(self) -> None:
-        positions = list(self.best.positions)
-        last = positions[-1]
-        pinned = self.sessions[self.rows[last]]
-        order = self._session_order(positions, pinned)
-        by_session: dict[str, list[int]] = {}
-        for p in positions:
-            by_session.setdefault(self.sessions[self.rows[p]], []).append(p)
-
-        async def probe(group: tuple[str, ...]) -> bool:
-            return await self.test([p for s in group for p in by_session[s]], "sessions")
-
-        kept = await bisect_reduce(order, (pinned,), probe)
-        keep = {pinned, *kept}
-        self._improve(
-            self.candidate([p for p in positions if self.sessions[self.rows[p]] in keep]),
-            "sessions",
-        )
-
-    async def turns(self) -> None:
-        positions = list(self.best.positions)
-        last = positions[-1]
-        items = sorted(positions[:-1], reverse=True)  # newest first
-
-        async def probe(group: tuple[int, ...]) -> bool:
-            return await self.test(group, "turns")
-
-        kept = await bisect_reduce(items, (last,), probe)
-        self._improve(self.candidate([last, *kept]), "turns")
-
-    async def timing_stage(self) -> None:
-        base = self.best
-        if base.timing == Timing.ASAP.value:
-            return  # nothing left to compress
-        for factor in self.opts.speedups:
-            cand = Candidate(base.positions, base.timing, base.speed * factor)
-            if not await self.oracle.test(cand, stage="timing"):
-                break
-            self._improve(cand, "timing")
-        if self.opts.try_asap and self.best.timing != Timing.ASAP.value:
-            cand = Candidate(self.best.positions, Timing.ASAP.value, self.best.speed)
-            if await self.oracle.test(cand, stage="timing"):
-                self._improve(cand, "timing")
-        if self.best != base and not await self._reproduces(self.best, "timing"):
-            # a faster replay changes the races a crash may need: one crash
-            # does not trade away the timing that reproduced reliably
-            self.say(
-                f"== timing: {self.best.timing} at {self.best.speed:g}x did not crash on every "
-                f"run; keeping {base.timing} at {base.speed:g}x"
-            )
-            self.best = base
-            self._write_bundle("in_progress")
-
-    async def _reproduces(self, cand: Candidate, stage: str) -> bool:
-        """``cand`` crashed on each of ``calibrate_matches`` (at least 2) runs of
-        ``stage``; journaled runs count first, so a resumed bisect repeats none."""
-        need = max(2, self.opts.calibrate_matches)
-        for _ in range(2 * need):  # bounded: infrastructure failures do not count
-            recs = self._stage_runs(cand, stage)
-            if any(r.outcome is not Outcome.MATCH for r in recs):
-                return False
-            if len(recs) >= need:
-                return True
-            await self.oracle.run_once(cand, stage)
-        return False
-
-    async def confirm(self) -> None:
-        n = self.opts.confirm
-        for _ in range(max(0, n - self._confirm_counts()[1])):
-            await self.oracle.run_once(self.best, "confirm")
-        if self.control is not None:
-            await self._control_runs(n)
-
-    def _stage_runs(self, cand: Candidate, stage: str) -> list[TrialRecord]:
+    def stage_runs(self, cand: Candidate, stage: str) -> list[TrialRecord]:
         """``cand``'s journaled runs in ``stage`` that reached a verdict (not INFRA)."""
         return [
             r
@@ -447,118 +343,19 @@ class Bisect:
             if r.stage == stage and r.outcome is not Outcome.INFRA
         ]
 
-    def _confirm_counts(self) -> tuple[int, int]:
-        ok = self._stage_runs(self.best, "confirm")
-        return sum(r.outcome is Outcome.MATCH for r in ok), len(ok)
-
-    async def _control_runs(self, n: int) -> None:
-        assert self.control is not None
-        done_path = self.out / "control.jsonl"
-        done = []
-        if done_path.exists():
-            done = [orjson.loads(x) for x in done_path.read_bytes().splitlines() if x.strip()]
-        env = self.control.env
-        env.chase = replace(self.env.chase)
-        policy = replace(env.policy, timing=Timing(self.best.timing), speed=self.best.speed)
-        rows = [self.rows[p] for p in self.best.positions]
-        for i in range(len(done), n):
-            res = await env.run(rows, self.out / f"control/{i + 1:03d}", policy=policy)
-            entry = {"run": i + 1, "outcome": res.outcome.value, "failure_class": res.failure_class}
-            with done_path.open("ab") as f:
-                f.write(orjson.dumps(entry) + b"\n")
-            done.append(entry)
-            self.say(f"control {self.control.name} {i + 1}/{n}: {res.outcome.value}")
-
-    def control_counts(self) -> tuple[int, int] | None:
-        path = self.out / "control.jsonl"
-        if self.control is None or not path.exists():
-            return None
-        rows = [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
-        ok = [r for r in rows if r["outcome"] != "INFRA"]
-        return sum(r["outcome"] in ("MATCH", "OTHER_FAILURE") for r in ok), len(ok)
-
-    # -- the bundle --------------------------------------------------------------
-
-    def _write_bundle(self, status: str) -> Path:
-        rows = [self.rows[p] for p in self.best.positions]
-        k, n = self._confirm_counts()
-        manifest: dict[str, Any] = {
-            "status": status,
-            "prefix_length": self.prefix_length,
-            "signature": self._signature_dict(),
-            "reproduction": _rate(k, n),
-            "control": None,
-            "trials": self.oracle.trials,
-            "bugs": [r.to_json() for r in self.oracle.bugs.values()],
-            "policy": {
-                **self.env.policy.to_dict(),
-                "timing": self.best.timing,
-                "speed": self.best.speed,
-            },
-            "target": self.facts,
-            "stages": self.stages_done,
-        }
-        cc = self.control_counts()
-        if cc is not None and self.control is not None:
-            manifest["control"] = {
-                "name": self.control.name,
-                **_rate(*cc),
-                "p_value": fisher_one_sided(k, n, cc[0], cc[1]),
-            }
-        log_text = metrics = None
-        rec = next(
-            (r for r in reversed(self.oracle.history()) if r.outcome is Outcome.MATCH and r.run),
-            None,
-        )
-        if rec is not None:
-            run = self.out / (rec.run or "")
-            if (run / "server.log").exists():
-                log_text = (run / "server.log").read_text(errors="replace")
-            snaps = sorted(run.glob("metrics-before-failure-*.txt"))
-            if snaps:
-                metrics = snaps[0].read_text()
-        if not self.trace_sha:
-            self.trace_sha = sha256_file(self.trace.path)
-        return write_bundle(
-            self.out / "bundle",
-            trace=self.trace,
-            trace_sha256=self.trace_sha,
-            rows=rows,
-            manifest=manifest,
-            server_log=log_text,
-            metrics_snapshot=metrics,
-            trials=[r.to_json() for r in self.oracle.history()],
-        )
-
-    def _signature_dict(self) -> dict[str, Any] | None:
-        c = self.env.chase
-        if self.signature is not None:
-            d = self.signature.to_dict()
-            return {
-                "hash": self.signature.hash,
-                "class": self.signature.failure_class,
-                "text": self.signature.text,
-                "suspects": d.get("suspects", []),
-            }
-        if c.failure_class or c.regex:
-            return {
-                "hash": c.signature,
-                "class": c.failure_class,
-                "text": f"regex {c.regex.pattern}" if c.regex else None,
-                "suspects": [],
-            }
-        return None
+    def write_bundle(self, status: str) -> Path | None:
+        return _manifest.write(self, status)
 
     # -- the whole run ------------------------------------------------------------
 
     async def run(self) -> BisectResult:
-        stages = {
-            "calibrate": self.calibrate,
-            "cut": self.cut,
-            "prefix": self.prefix,
-            "sessions": self.sessions_stage,
-            "turns": self.turns,
-            "timing": self.timing_stage,
+        passes: dict[str, Callable[[Bisect], Awaitable[None]]] = {
+            "calibrate": _stages.calibrate,
+            "cut": _stages.cut,
+            "prefix": _stages.prefix,
+            "sessions": _stages.sessions,
+            "turns": _stages.turns,
+            "timing": _stages.timing,
         }
         status = "complete"
         try:
@@ -567,11 +364,11 @@ class Bisect:
                     continue
                 if name != "calibrate" and not self.oracle.matched:
                     # without calibration, the full selection is taken as crashing
-                    await self.calibrate()
-                await stages[name]()
+                    await _stages.calibrate(self)
+                await passes[name](self)
                 self.stages_done.append(name)
             if self.opts.confirm:
-                await self.confirm()
+                await _confirm.confirm(self)
                 self.stages_done.append("confirm")
         except NotReproducible as exc:
             self.say(f"== not reproducible: {exc}")
@@ -582,45 +379,23 @@ class Bisect:
         except BudgetExhausted as exc:
             status = "budget_exhausted"
             self.say(f"== stopped: {exc}; the best repro so far stands")
-        bundle = self._write_bundle(status)
-        k, n = self._confirm_counts()
+        bundle = self.write_bundle(status)
         return BisectResult(
             status,
             self.best,
             bundle,
             self.oracle.trials,
-            (k, n),
-            self.control_counts(),
+            _confirm.confirm_counts(self),
+            _confirm.control_counts(self),
             self.signature,
             self.stages_done,
+            [self.ids[self.rows[p]] for p in self.best.positions],
         )
 
-
-def _rate(k: int, n: int) -> dict[str, Any]:
-    lo, hi = wilson(k, n) if n else (0.0, 1.0)
-    if n and k == 0:
-        hi = zero_upper(n)
-    return {
-        "crashes": k,
-        "runs": n,
-        "low": round(lo, 4),
-        "high": round(hi, 4),
-        "text": describe_rate(k, n),
-    }
-
-
-def fisher_one_sided(k1: int, n1: int, k2: int, n2: int) -> float | None:
-    """P(target shows >= k1 crashes if both platforms crashed at one rate):
-    Fisher's exact test, one-sided, on the 2x2 table of crashes and runs."""
-    if not n1 or not n2:
-        return None
-    total, crashes = n1 + n2, k1 + k2
-    denom = math.comb(total, crashes)
-    p = (
-        sum(math.comb(n1, i) * math.comb(n2, crashes - i) for i in range(k1, min(n1, crashes) + 1))
-        / denom
-    )
-    return round(p, 6)
+    async def aclose(self) -> None:
+        """Stop what the runners hold (the targets they launched)."""
+        closers = [getattr(r, "aclose", None) for r in (self.runner, self.control_runner)]
+        await asyncio.gather(*(c() for c in closers if c is not None), return_exceptions=True)
 
 
 async def run_bisect(b: Bisect) -> BisectResult:
@@ -628,8 +403,4 @@ async def run_bisect(b: Bisect) -> BisectResult:
     try:
         return await b.run()
     finally:
-        await asyncio.gather(
-            b.env.target.stop(),
-            *([b.control.env.target.stop()] if b.control is not None else []),
-            return_exceptions=True,
-        )
+        await b.aclose()

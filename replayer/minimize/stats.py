@@ -10,6 +10,7 @@ bound on p: under-estimating p costs trials, never correctness.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 Z95 = 1.959963984540054
 
@@ -49,3 +50,31 @@ def describe_rate(k: int, n: int) -> str:
         return f"crashed 0/{n} (95% upper bound {zero_upper(n):.0%})"
     lo, hi = wilson(k, n)
     return f"crashed {k}/{n} ({k / n:.0%}, 95% CI {lo:.0%}-{hi:.0%})"
+
+
+def rate_dict(k: int, n: int) -> dict[str, Any]:
+    """k/N with its interval, as a bundle's manifest states it."""
+    lo, hi = wilson(k, n) if n else (0.0, 1.0)
+    if n and k == 0:
+        hi = zero_upper(n)
+    return {
+        "crashes": k,
+        "runs": n,
+        "low": round(lo, 4),
+        "high": round(hi, 4),
+        "text": describe_rate(k, n),
+    }
+
+
+def fisher_one_sided(k1: int, n1: int, k2: int, n2: int) -> float | None:
+    """P(target shows >= k1 crashes if both platforms crashed at one rate):
+    Fisher's exact test, one-sided, on the 2x2 table of crashes and runs."""
+    if not n1 or not n2:
+        return None
+    total, crashes = n1 + n2, k1 + k2
+    denom = math.comb(total, crashes)
+    p = (
+        sum(math.comb(n1, i) * math.comb(n2, crashes - i) for i in range(k1, min(n1, crashes) + 1))
+        / denom
+    )
+    return round(p, 6)

@@ -33,7 +33,7 @@ from replayer.target.base import ResetMode, ServerTarget
 from replayer.trace.reader import Trace
 
 if TYPE_CHECKING:
-    from replayer.telemetry import LiveMetrics
+    from replayer.replay.observer import ReplayObserver
 
 
 EXIT_WAIT = 15.0
@@ -122,7 +122,7 @@ class TrialEnv:
     pidfile: Path | None = None
     """Where a launched server's process group is noted, so a bisect killed
     with SIGKILL can reap its orphaned server when it resumes."""
-    live: LiveMetrics | None = None
+    live: ReplayObserver | None = None
     """Live metrics (``--metrics-port``) every trial's replay reports to."""
 
     async def prepare(self) -> None:

@@ -91,6 +91,8 @@ async def test_a_torn_journal_line_is_ignored(tmp_path):
         f.write(b'{"event": "trial", "positions": [1')  # killed mid-write
     o2 = Oracle(FakeRunner(frozenset({3})), j)
     assert o2.trials == 1
+    await o2.run_once(FULL, "calibrate")  # appended after the torn line, it is not lost
+    assert Oracle(FakeRunner(frozenset({3})), j).trials == 2
 
 
 async def test_budget(tmp_path):

@@ -8,6 +8,7 @@ import math
 import shlex
 import socket
 import sys
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -17,7 +18,7 @@ from replayer.minimize.pipeline import Bisect, BisectOptions, run_bisect
 from replayer.minimize.trial import TrialEnv
 from replayer.monitor.watch import WatchConfig
 from replayer.replay.plan import select
-from replayer.replay.policy import ReplayPolicy, Timing
+from replayer.replay.policy import Order, ReplayPolicy, Timing
 from replayer.target.base import ResetMode
 from replayer.target.factory import make_target
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
@@ -58,7 +59,10 @@ def synth(tmp_path, **kw):
     return Trace.open(p)
 
 
-async def bisect(tmp_path, trace, *faults, opts=QUICK, extra=(), timing=Timing.ASAP):
+async def bisect(
+    tmp_path, trace, *faults, opts=QUICK, extra=(), timing=Timing.ASAP, order=Order.STRICT,
+    watch=WATCH,
+):  # fmt: skip
     rows = select(trace)
     target = make_target(
         launch=emulator_cmd(*faults, extra=extra),
@@ -67,9 +71,9 @@ async def bisect(tmp_path, trace, *faults, opts=QUICK, extra=(), timing=Timing.A
     )
     env = TrialEnv(
         trace=trace,
-        policy=ReplayPolicy(timing=timing),
+        policy=ReplayPolicy(timing=timing, order=order),
         target=target,
-        watch=WATCH,
+        watch=watch,
         reset=ResetMode.RESTART,
     )
     b = Bisect(trace, rows, env, tmp_path / "bisect", opts, say=lambda m: None)
@@ -203,7 +207,11 @@ async def test_exact_subset_for_a_trigger_that_needs_two_sessions(tmp_path):
 async def test_another_bug_is_recorded_never_accepted(tmp_path):
     # the chased crash: a long request of the 4th session. Planted earlier in
     # the trace: a CUDA crash whenever the 2nd request is long, which the full
-    # trace never triggers (its 2nd request is a first turn) but reductions do
+    # trace never triggers (its 2nd request is a first turn) but reductions do.
+    # "request=2" counts arrivals: admitted order makes the server read them in
+    # trace order (strict only sends them so: a busy server may read a later
+    # connection first), and a grace far above the 0.2 s crash delay keeps a
+    # loaded machine from ending the run before the crash lands.
     t = synth(tmp_path, sessions=5, turns=5, context=12_000, rate=2, think=0.3, seed=6)
     opts = BisectOptions(
         stages=("calibrate", "cut", "turns"),
@@ -217,6 +225,8 @@ async def test_another_bug_is_recorded_never_accepted(tmp_path):
         "exit after=0.2 gpu=hsa when prompt_tokens>=9000 and session>=4",
         "exit after=0.2 gpu=cuda when request=2 and prompt_tokens>=5000",
         opts=opts,
+        order=Order.ADMITTED,
+        watch=replace(WATCH, grace=5.0),
     )
     others = [r for r in b.oracle.history() if r.outcome is Outcome.OTHER_FAILURE]
     assert others, "the reduction never ran into the second bug"

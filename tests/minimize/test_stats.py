@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from replayer.minimize.stats import describe_rate, repeats_for, wilson, zero_upper
+from replayer.minimize.stats import (
+    describe_rate,
+    fisher_one_sided,
+    rate_dict,
+    repeats_for,
+    wilson,
+    zero_upper,
+)
 
 
 @pytest.mark.parametrize(
@@ -48,3 +55,17 @@ def test_describe_rate():
     assert describe_rate(18, 20) == "crashed 18/20 (90%, 95% CI 70%-97%)"
     assert describe_rate(0, 10) == "crashed 0/10 (95% upper bound 26%)"
     assert describe_rate(0, 0) == "not run"
+
+
+def test_fisher_one_sided():
+    # 4/4 on the target, 0/4 on the control: one table in C(8, 4) is as extreme
+    assert fisher_one_sided(4, 4, 0, 4) == round(1 / 70, 6)
+    assert fisher_one_sided(2, 4, 2, 4) > 0.5  # the same rate: no evidence
+    assert fisher_one_sided(3, 3, 0, 0) is None
+
+
+def test_rate_dict_uses_the_zero_event_bound():
+    assert rate_dict(0, 10)["high"] == round(zero_upper(10), 4)
+    assert rate_dict(0, 0) | {"text": ""} == {
+        "crashes": 0, "runs": 0, "low": 0.0, "high": 1.0, "text": ""
+    }  # fmt: skip

@@ -1,0 +1,194 @@
+"""The seam between a bisect and the world: replay these requests, say what happened.
+
+A bisect asks one question per trial, "does this candidate still crash?", and
+everything else (the search, the journal and resume, the budget, the bundle)
+is the same whoever answers it. :class:`Runner` is that question, as a
+transport is for an HTTP client: :class:`EnvRunner` answers it with a real
+target (launch, replay, watch, classify: :class:`~replayer.minimize.trial.TrialEnv`),
+and a user's own oracle ("does my kernel test crash on these requests?")
+answers it in-process, in milliseconds, with no server at all.
+
+**Usage**::
+
+    class KernelTest:
+        async def run(self, trial: Trial) -> Outcome | Observation:
+            bodies = trial.bodies()
+            return Outcome.MATCH if await my_kernel_crashes(bodies) else Outcome.PASS
+
+    trace = Trace.open("prod.arrow")
+    result = await Bisect(trace, select(trace), KernelTest(), Path("runs/k")).run()
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from replayer.minimize.oracle import Outcome
+from replayer.minimize.trial import Chase, NotExercised, TrialEnv
+from replayer.monitor.signature import Signature
+from replayer.replay.policy import ReplayPolicy, Timing
+from replayer.replay.results import read_results
+from replayer.trace.reader import Trace
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One replay of one candidate, as a runner is asked for it."""
+
+    trace: Trace
+    rows: tuple[int, ...]
+    """Trace rows to replay, in trace order."""
+    policy: ReplayPolicy
+    """The bisect's replay policy, with this candidate's timing and speed."""
+    number: int
+    """Counts every trial of the bisect and its resumes, from 1."""
+    stage: str
+    """``calibrate``, ``cut``, ``prefix``, ``sessions``, ``turns``, ``timing``,
+    ``confirm`` or ``control``."""
+    out: Path
+    """This trial's own directory, already made. A ``server.log`` or
+    ``metrics-before-failure-*.txt`` left in it goes into the bundle."""
+    chase: Chase
+    """The failure the bisect chases (pinned by the first MATCH, or given)."""
+
+    @property
+    def timing(self) -> Timing:
+        return self.policy.timing
+
+    @property
+    def speed(self) -> float:
+        return self.policy.speed
+
+    def request_ids(self) -> list[str]:
+        ids = self.trace.column("request_id")
+        return [ids[r] for r in self.rows]
+
+    def bodies(self) -> list[dict[str, Any]]:
+        """The requests' bodies, as recorded, in order."""
+        return [self.trace.body(r) for r in self.rows]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a trial showed; only ``outcome`` is needed, the rest sharpens the search.
+
+    A MATCH whose ``signature`` differs from the one the bisect chases is
+    counted as another bug (OTHER_FAILURE): a runner may call every crash a
+    MATCH and label it, and the bisect chases the first label it saw."""
+
+    outcome: Outcome
+    failure_class: str | None = None
+    signature: Signature | str | None = None
+    """A server log's :class:`Signature`, or any stable label of the failure."""
+    message: str | None = None
+    failed_request: str | None = None
+    """The request id the failure was seen on."""
+    suspects: Sequence[str] = ()
+    """Request ids the failure names (vLLM's scheduler dump): their sessions
+    are tried first. Defaults to the signature's."""
+    sent: Sequence[int] | None = None
+    """Rows sent by the time of the failure (None: not known). The ``cut``
+    stage drops every row after them without a search."""
+    in_flight: Sequence[int] = ()
+    """Rows in flight at the failure: their sessions are tried early."""
+
+    @property
+    def signature_hash(self) -> str | None:
+        s = self.signature
+        return s.hash if isinstance(s, Signature) else s
+
+
+class Runner(Protocol):
+    """Runs one trial (see the module doc). May raise
+    :class:`~replayer.minimize.trial.NotExercised` to refuse a trace that
+    cannot show anything (as the real target does for an all-4xx replay)."""
+
+    async def run(self, trial: Trial) -> Outcome | Observation: ...
+
+
+def observed(got: Outcome | Observation) -> Observation:
+    return got if isinstance(got, Observation) else Observation(got)
+
+
+@dataclass
+class FunctionRunner:
+    """A plain function (sync or async) of a :class:`Trial` as a runner."""
+
+    fn: Callable[[Trial], Outcome | Observation | Awaitable[Outcome | Observation]]
+
+    async def run(self, trial: Trial) -> Outcome | Observation:
+        got = self.fn(trial)
+        if inspect.isawaitable(got):
+            return await got
+        return got
+
+
+class EnvRunner:
+    """The real target: each trial a fresh (or reset) server, replayed,
+    watched and classified by its :class:`TrialEnv`."""
+
+    def __init__(self, env: TrialEnv) -> None:
+        self.env = env
+
+    async def run(self, trial: Trial) -> Observation:
+        env = self.env
+        env.chase = trial.chase  # the classification follows the bisect's chase
+        res = await env.run(list(trial.rows), trial.out, policy=trial.policy)
+        if res.unexercised and trial.stage == "calibrate":
+            raise NotExercised(res.unexercised)
+        sent: list[int] | None = None
+        in_flight: list[int] = []
+        if res.failure is not None and res.run is not None:
+            sent, in_flight = failure_rows(trial.out, res.failure)
+        sig = res.signature
+        return Observation(
+            res.outcome,
+            failure_class=res.failure_class,
+            signature=sig,
+            message=res.message,
+            failed_request=(res.failure or {}).get("request_id"),
+            sent=sent,
+            in_flight=in_flight,
+        )
+
+    async def aclose(self) -> None:
+        await self.env.target.stop()
+
+
+def as_runner(runner: Runner | TrialEnv) -> Runner:
+    return EnvRunner(runner) if isinstance(runner, TrialEnv) else runner
+
+
+def failure_rows(run: Path, failure: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """(rows dispatched at or before the failure, rows in flight then), from a
+    run directory's results."""
+    at_us = round(failure["at_s"] * 1e6)
+    sent: list[int] = []
+    in_flight: list[int] = []
+    for r in read_results(run / "results.arrow"):
+        if r["dispatched_us"] is None or r["dispatched_us"] > at_us:
+            continue
+        sent.append(r["row"])
+        done = r["done_us"]
+        if done is None or done >= at_us or r["request_id"] == failure["request_id"]:
+            in_flight.append(r["row"])
+    return sent, in_flight
+
+
+def run_failure(run: Path) -> dict[str, Any] | None:
+    """The failure a run directory's summary records (a journal written
+    before failure points were journaled is resumed from these)."""
+    path = run / "summary.json"
+    if not (path.exists() and (run / "results.arrow").exists()):
+        return None
+    targets = orjson.loads(path.read_bytes()).get("targets", {})
+    failure: dict[str, Any] | None = next(
+        (t["failure"] for t in targets.values() if t.get("failure")), None
+    )
+    return failure
