@@ -58,6 +58,7 @@ test: $(VENV)/.installed-test browser vllm-env
 	$(BIN)/ruff check replayer tests bench
 	$(BIN)/ruff format --check replayer tests bench
 	$(BIN)/mypy replayer
+	$(BIN)/python tests/check_layers.py
 	@set +e; $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
@@ -65,6 +66,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check replayer tests bench
 	$(BIN)/ruff format --check replayer tests bench
 	$(BIN)/mypy replayer
+	$(BIN)/python tests/check_layers.py
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench $(BENCH_ARGS)

@@ -63,11 +63,10 @@ The metrics (labels in parentheses):
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -79,7 +78,6 @@ if TYPE_CHECKING:
     from replayer.minimize.oracle import Candidate, TrialRecord
     from replayer.minimize.pipeline import Bisect
     from replayer.record.proxy import RecordingProxy
-    from replayer.record.sink import TraceSink
     from replayer.replay.engine import Replay, TargetRun
 
 TTFT_BUCKETS = (
@@ -194,43 +192,34 @@ class _RecorderCollector(Collector):
         self.proxy = proxy
 
     def collect(self) -> Iterable[Metric]:
-        p = self.proxy
-        rec = p.recorder
-        try:
-            sink: TraceSink[Any] | None = p.sink
-        except RuntimeError:  # not started yet
-            sink = None
+        st = self.proxy.stats()
         ex = CounterMetricFamily(
             "replayer_record_exchanges",
             "Recorded exchanges handed to the trace writer, by outcome.",
             labels=["outcome"],
         )
-        recorded, failed = (rec.recorded, rec.failed) if rec is not None else (0, 0)
-        ex.add_metric(["ok"], recorded - failed)
-        ex.add_metric(["failed"], failed)
+        ex.add_metric(["ok"], st.recorded - st.failed)
+        ex.add_metric(["failed"], st.failed)
         fwd = CounterMetricFamily(
             "replayer_record_requests_forwarded", "Requests forwarded upstream (recorded or not)."
         )
-        fwd.add_metric([], p.forwarded)
+        fwd.add_metric([], st.forwarded)
         inflight = GaugeMetricFamily(
             "replayer_record_inflight", "Exchanges in flight through the proxy."
         )
-        inflight.add_metric([], p.inflight)
+        inflight.add_metric([], st.inflight)
         rows = CounterMetricFamily(
             "replayer_record_rows_written", "Rows accepted by the trace writer."
         )
-        rows.add_metric([], sink.rows if sink is not None else 0)
+        rows.add_metric([], st.rows_written)
         errors = CounterMetricFamily(
             "replayer_record_write_errors", "Rows that could not be written."
         )
-        errors.add_metric([], sink.errors if sink is not None else 0)
+        errors.add_metric([], st.write_errors)
         size = CounterMetricFamily(
             "replayer_record_bytes_written", "Bytes of the trace (this segment) on disk."
         )
-        try:
-            size.add_metric([], os.stat(p.config.output).st_size)
-        except OSError:
-            size.add_metric([], 0)
+        size.add_metric([], st.bytes_on_disk)
         return [ex, fwd, inflight, rows, errors, size]
 
 

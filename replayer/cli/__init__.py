@@ -105,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args))
     except ReplayerError as exc:
-        print(f"replayer {args.command}: error: {exc}", file=sys.stderr)
+        from replayer.cli.args import flag_words
+
+        print(f"replayer {args.command}: error: {flag_words(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"replayer {args.command}: interrupted", file=sys.stderr)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from replayer import options
+from replayer.cli.args import add_group
 from replayer.cli.check import add_lifecycle_arguments, target_from, trace_model
 from replayer.cli.replay import (
     add_metrics_arguments,
@@ -27,19 +29,7 @@ from replayer.cli.replay import (
 from replayer.errors import UsageError
 
 
-def _duration(text: str) -> float:
-    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        if text and text[-1] in mult:
-            return float(text[:-1]) * mult[text[-1]]
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want seconds or 30m/2h/1d, not {text!r}") from None
-
-
 def register(sub: Any) -> None:
-    from replayer.minimize.pipeline import STAGES
-
     p = sub.add_parser(
         "bisect",
         help="minimize a crashing trace to a repro bundle",
@@ -63,67 +53,8 @@ def register(sub: Any) -> None:
         metavar="RUN",
         help="start from a failed run: its launch command and crash signature",
     )
-    g = p.add_argument_group("search")
-    g.add_argument(
-        "--stages",
-        default=",".join(STAGES),
-        metavar="LIST",
-        help=f"stages to run (default {','.join(STAGES)})",
-    )
-    g.add_argument(
-        "--signature",
-        default=None,
-        metavar="REGEX",
-        help="chase crashes whose signature text matches (default: the first crash)",
-    )
-    g.add_argument(
-        "--calibrate",
-        type=int,
-        default=5,
-        metavar="N",
-        help="calibration stops after N matching crashes (default 5)",
-    )
-    g.add_argument(
-        "--calibrate-runs",
-        type=int,
-        default=10,
-        metavar="N",
-        help="... or after N runs (default 10)",
-    )
-    g.add_argument(
-        "--alpha",
-        type=float,
-        default=0.05,
-        help="risk of dismissing a crashing candidate (default 0.05)",
-    )
-    g.add_argument(
-        "--confirm",
-        type=int,
-        default=10,
-        metavar="N",
-        help="runs of the final repro to measure its rate (default 10)",
-    )
-    g.add_argument("--max-trials", type=int, default=None, metavar="N")
-    g.add_argument(
-        "--max-time",
-        type=_duration,
-        default=None,
-        metavar="T",
-        help="wall-clock budget: seconds, or 30m, 2h, 1d",
-    )
-    g = p.add_argument_group("control (the platform that runs clean)")
-    g.add_argument(
-        "--control", default=None, metavar="NAME=URL", help="replay the final repro here too"
-    )
-    g.add_argument(
-        "--control-launch", default=None, metavar="CMD", help="start the control server with CMD"
-    )
-    g.add_argument(
-        "--control-key",
-        default=None,
-        metavar="env:VAR|file:PATH",
-        help="the control's API key (default: the target's)",
-    )
+    add_group(p, options.SEARCH)
+    add_group(p, options.CONTROL)
     add_policy_arguments(p)
     add_monitor_arguments(p)
     add_selection_arguments(p)
@@ -154,11 +85,10 @@ def _from_run(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_bisect(args: argparse.Namespace) -> int:
     import asyncio
 
-    from replayer.minimize.pipeline import STAGES, Bisect, BisectOptions, Control, run_bisect
+    from replayer.minimize.pipeline import Bisect, Control, run_bisect
     from replayer.minimize.trial import OWNER_ENV, Chase, TrialEnv, owner_token, reap_orphan
     from replayer.monitor.signature import compile_signature_regex
     from replayer.replay.plan import select
-    from replayer.target.base import reset_mode
     from replayer.target.factory import make_target
     from replayer.trace.reader import Trace
 
@@ -166,14 +96,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     watch = watch_from(args)
     if watch is None:
         raise UsageError("bisect classifies every trial: it needs the monitor (drop --no-monitor)")
-    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
-    bad = [s for s in stages if s not in STAGES]
-    if bad:
-        raise UsageError(f"unknown stage(s) {', '.join(bad)}; stages are {', '.join(STAGES)}")
-    if args.calibrate < 1 or args.calibrate_runs < 1 or args.confirm < 0:
-        raise UsageError("--calibrate and --calibrate-runs must be >= 1, --confirm >= 0")
-    if not 0 < args.alpha < 1:
-        raise UsageError("--alpha must be between 0 and 1")
+    search = options.bisect_options(vars(args))
     chase = Chase(regex=compile_signature_regex(args.signature) if args.signature else None)
     seed: dict[str, Any] = {}
     if args.from_run is not None:
@@ -201,6 +124,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    trace.verify(rows)  # nothing is sent before the selection reads
     if not rows:
         raise UsageError("the selection is empty: nothing to bisect")
     model = trace_model(trace, rows, policy.model)
@@ -213,7 +137,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         policy=policy,
         target=target,
         watch=watch,
-        reset=reset_mode(args.reset),
+        reset=options.reset_mode(args.reset),
         api_key=key,
         chase=chase,
         pidfile=out / "server.pid",
@@ -246,21 +170,13 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                 policy=policy,
                 target=ctl_target,
                 watch=watch,
-                reset=reset_mode(args.reset),
+                reset=options.reset_mode(args.reset),
                 api_key=ctl_key,
                 name=name,
                 live=live,
             ),
         )
-    opts = BisectOptions(
-        stages=stages,
-        calibrate_matches=args.calibrate,
-        calibrate_runs=args.calibrate_runs,
-        confirm=args.confirm,
-        alpha=args.alpha,
-        max_trials=args.max_trials,
-        max_time=args.max_time,
-    )
+    opts = search
 
     async def go() -> Any:
         facts: dict[str, Any] = {

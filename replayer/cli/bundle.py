@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from replayer import options
 from replayer.cli.check import add_lifecycle_arguments, target_from, trace_model
 from replayer.cli.replay import (
     add_monitor_arguments,
@@ -113,7 +114,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from replayer.minimize.stats import describe_rate
     from replayer.minimize.trial import Chase, TrialEnv
     from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
-    from replayer.target.base import reset_mode
     from replayer.trace.reader import Trace
 
     d: Path = args.bundle
@@ -142,6 +142,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     sig = manifest.get("signature") or {}
     chase = Chase(failure_class=sig.get("class"), signature=sig.get("hash"))
     rows = list(trace.order)
+    trace.verify(rows)  # nothing is sent before the selection reads
     out = _out_dir(args.out, d, "verify")
     target, key = target_from(args, out / "server.log", trace_model(trace, rows, policy.model))
     env = TrialEnv(
@@ -149,7 +150,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         policy=policy,
         target=target,
         watch=watch,
-        reset=reset_mode(args.reset),
+        reset=options.reset_mode(args.reset),
         api_key=key,
         chase=chase,
     )
@@ -183,7 +184,6 @@ def cmd_soak(args: argparse.Namespace) -> int:
     from replayer.minimize.stats import describe_rate
     from replayer.minimize.trial import TrialEnv
     from replayer.replay.plan import select
-    from replayer.target.base import reset_mode
     from replayer.trace.reader import Trace
 
     if args.runs < 1:
@@ -194,6 +194,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         raise UsageError("soak classifies every run: it needs the monitor")
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    trace.verify(rows)  # nothing is sent before the selection reads
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     out = _out_dir(args.out, Path("runs"), "soak")
@@ -203,7 +204,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         policy=policy,
         target=target,
         watch=watch,
-        reset=reset_mode(args.reset),
+        reset=options.reset_mode(args.reset),
         api_key=key,
     )
     from replayer.minimize.trial import NotExercised

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from replayer import options
+from replayer.cli.args import add_opt
 from replayer.cli.replay import (
     add_monitor_arguments,
     add_policy_arguments,
@@ -34,50 +36,19 @@ from replayer.errors import UsageError
 
 
 def add_lifecycle_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("target (one of --launch, --restart-cmd + --url, --url)")
+    """One server's lifecycle; ``--target`` (replay's spelling) is ``--url``."""
+    g = p.add_argument_group(options.SERVER.title)
+    for o in options.SERVER.opts:
+        if o.name == "url":
+            add_opt(g, o, "--target")
+        else:
+            add_opt(g, o)
     g.add_argument(
-        "--launch",
+        "--api-key-file",
+        type=Path,
         default=None,
-        metavar="CMD",
-        help="start the server with CMD (its own process group; log in RUN)",
-    )
-    g.add_argument(
-        "--restart-cmd",
-        default=None,
-        metavar="CMD",
-        help="restart a server someone else runs (e.g. ssh node docker restart vllm)",
-    )
-    g.add_argument(
-        "--url",
-        default=None,
-        metavar="URL",
-        help="where the server listens (read from --launch's --host/--port if absent)",
-    )
-    g.add_argument(
-        "--log-cmd",
-        default=None,
-        metavar="CMD",
-        help="print the server's log (with --restart-cmd or --url)",
-    )
-    g.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="wait S seconds for /health and /v1/models (default 1800: big models)",
-    )
-    g.add_argument(
-        "--reset",
-        choices=("prefix-cache", "restart", "none"),
-        default="restart",
-        help="between passing trials: clear the prefix cache (dev mode), restart "
-        "(default), or nothing",
-    )
-    g.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="VAR",
-        help="the API key comes from $VAR (default: $REPLAYER_API_KEY)",
+        metavar="PATH",
+        help="read the API key from a file",
     )
 
 
@@ -89,17 +60,23 @@ def target_from(
 ) -> Any:
     import os
 
+    from replayer.cli.replay import read_key
     from replayer.target.factory import make_target
 
     key = None
-    if args.api_key_env:
+    if getattr(args, "api_key_file", None) is not None:
+        key = read_key(f"file:{args.api_key_file}", "--api-key-file")
+    elif args.api_key_env:
         key = os.environ.get(args.api_key_env)
         if key is None:
             raise UsageError(f"--api-key-env: environment variable {args.api_key_env} is not set")
     elif os.environ.get("REPLAYER_API_KEY"):
         key = os.environ["REPLAYER_API_KEY"]
-    if args.url is not None and not args.url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {args.url!r}: must start with http:// or https://")
+    if args.url is not None:
+        name, sep, rest = args.url.partition("=")
+        if sep and "://" not in name:
+            args.url = rest  # --target NAME=URL, as replay takes it
+        options.url("url", args.url)
     target = make_target(
         launch=args.launch,
         restart_cmd=args.restart_cmd,
@@ -182,7 +159,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     from replayer.replay.plan import select
     from replayer.replay.run import prepare_out
     from replayer.replay.summary import render
-    from replayer.target.base import reset_mode
     from replayer.trace.reader import Trace
 
     policy = policy_from(args)
@@ -197,6 +173,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    trace.verify(rows)  # nothing is sent before the selection reads
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     out = prepare_out(args.out, args.force)
@@ -208,7 +185,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             policy=policy,
             target=target,
             watch=watch,
-            reset=reset_mode(args.reset),
+            reset=options.reset_mode(args.reset),
             api_key=key,
             chase=chase,
         )

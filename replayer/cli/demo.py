@@ -109,6 +109,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     trace = Trace.open(args.trace)
     info = inspect_trace(trace)
     rows = select(trace)
+    trace.verify(rows)  # nothing is sent before the selection reads
     model = "moonshotai/Kimi-K3"
     policy = ReplayPolicy(speed=20.0, request_timeout=60.0)
     watch = WatchConfig(

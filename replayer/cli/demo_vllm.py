@@ -81,6 +81,7 @@ def demo_vllm(args: argparse.Namespace) -> int:
     )
     trace = Trace.open(trace_path)
     rows = select(trace)
+    trace.verify(rows)  # nothing is sent before the selection reads
     policy = ReplayPolicy(timing=Timing.ASAP, model=SERVED, request_timeout=120.0)
     watch = WatchConfig(health_interval=0.5, scrape_interval=1.0, stall_timeout=30.0, settle=8.0)
     dev = {"VLLM_SERVER_DEV_MODE": "1"}

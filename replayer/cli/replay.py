@@ -13,161 +13,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from replayer import options
+from replayer.cli.args import add_group
 from replayer.errors import UsageError
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
-    """The replay policy options, shared by replay, check and bisect."""
-    g = p.add_argument_group("policy")
-    g.add_argument(
-        "--timing",
-        choices=("recorded", "gaps", "asap"),
-        default="recorded",
-        help="recorded: absolute recorded offsets and think gaps (default); "
-        "gaps: closed loop on think gaps; asap: dependencies only",
-    )
-    g.add_argument(
-        "--order",
-        choices=("strict", "admitted", "session"),
-        default="strict",
-        help="strict: the server receives trace order (default); admitted: also wait for "
-        "each stream's response headers, so the engine admits trace order; session: "
-        "per session only",
-    )
-    g.add_argument(
-        "--speed",
-        type=float,
-        default=1.0,
-        metavar="X",
-        help="divide recorded times by X (default 1)",
-    )
-    g.add_argument(
-        "--max-inflight",
-        type=int,
-        default=None,
-        metavar="N",
-        help="at most N requests in flight per target",
-    )
-    g.add_argument(
-        "--mode",
-        choices=("verbatim", "live"),
-        default="verbatim",
-        help="live: the target's replies replace recorded assistant turns (chat)",
-    )
-    g.add_argument(
-        "--no-force-stream",
-        dest="force_stream",
-        action="store_false",
-        help="send bodies' own stream flag instead of streaming with usage",
-    )
-    g.add_argument("--model", default=None, help="replace the model of every body")
-    g.add_argument(
-        "--skip-over-context",
-        action="store_true",
-        help="skip requests longer than the target's max_model_len (else sent)",
-    )
-    g.add_argument(
-        "--request-timeout",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="bound on one request, seconds (default 1800: prefills are slow)",
-    )
-    g.add_argument(
-        "--on-failure",
-        choices=("stop", "continue"),
-        default="stop",
-        help="stop dispatching to a failed target (default) or keep going",
-    )
-    g.add_argument(
-        "--session-header",
-        default="X-Session-Id",
-        metavar="NAME",
-        help="header carrying the session id ('none' to omit)",
-    )
-    g.add_argument(
-        "--token-range",
-        default=None,
-        metavar="LO:HI",
-        help="token ids for blocks payloads, e.g. 1000:150000",
-    )
-    g.add_argument("--save-output", action="store_true", help="keep response texts in results")
+    """The replay policy options, shared by replay, check, bisect and soak."""
+    add_group(p, options.POLICY)
 
 
 def add_monitor_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("monitor")
-    g.add_argument(
-        "--health-interval",
-        type=float,
-        default=1.0,
-        metavar="S",
-        help="poll /health every S seconds (default 1)",
-    )
-    g.add_argument(
-        "--scrape-interval",
-        type=float,
-        default=2.0,
-        metavar="S",
-        help="scrape /metrics every S seconds into RUN/metrics.arrow (default 2)",
-    )
-    g.add_argument(
-        "--scrape",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="also scrape this Prometheus endpoint (repeatable: node, GPU exporters)",
-    )
-    g.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="hang: no token progress for S seconds while /health stays 200 "
-        "(pending prefills get S + tokens / --min-prefill-rate)",
-    )
-    g.add_argument(
-        "--min-prefill-rate",
-        type=float,
-        default=1000.0,
-        metavar="TOK_S",
-        help="prefill tokens/s any healthy server beats (default 1000)",
-    )
-    g.add_argument(
-        "--settle",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="after a failure, watch S seconds more before classifying (default 10)",
-    )
-    g.add_argument(
-        "--grace",
-        type=float,
-        default=3.0,
-        metavar="S",
-        help="after the last request, watch S seconds more for a late crash (default 3)",
-    )
-    g.add_argument(
-        "--no-monitor", action="store_true", help="no health polling, scraping or hang watchdog"
-    )
+    add_group(p, options.WATCH)
 
 
 def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
     """``--metrics-port``: replayer's own live Prometheus metrics (replay, bisect, record)."""
-    g = p.add_argument_group("live metrics (replayer's own, for Prometheus/Grafana)")
-    g.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="serve replayer_* metrics on http://HOST:PORT/metrics while running "
-        "(0: any free port; the URL is printed on stderr)",
-    )
-    g.add_argument(
-        "--metrics-host",
-        default="127.0.0.1",
-        metavar="HOST",
-        help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 for a remote Prometheus)",
-    )
+    add_group(p, options.METRICS)
 
 
 def start_metrics(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -190,34 +52,15 @@ def start_metrics(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def watch_from(args: argparse.Namespace) -> Any:
-    from replayer.monitor.watch import WatchConfig
-
-    if args.no_monitor:
-        return None
-    for name in ("health_interval", "scrape_interval", "stall_timeout", "min_prefill_rate"):
-        if not getattr(args, name) > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    if args.settle < 0 or args.grace < 0:
-        raise UsageError("--settle and --grace must not be negative")
-    for url in args.scrape:
-        if not url.startswith(("http://", "https://")):
-            raise UsageError(f"--scrape {url!r}: want an http(s) URL")
-    return WatchConfig(
-        health_interval=args.health_interval,
-        scrape_interval=args.scrape_interval,
-        scrape=tuple(args.scrape),
-        stall_timeout=args.stall_timeout,
-        min_prefill_rate=args.min_prefill_rate,
-        settle=args.settle,
-        grace=args.grace,
-    )
+    return options.watch_config(vars(args))
 
 
 def add_selection_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("selection (ids, or inclusive 0-based ranges A..B)")
-    g.add_argument("--limit", type=int, default=None, metavar="N", help="first N requests")
-    g.add_argument("--sessions", default=None, metavar="SPEC", help="sessions by id or position")
-    g.add_argument("--requests", default=None, metavar="SPEC", help="requests by id or position")
+    add_group(p, options.SELECTION)
+
+
+def selection_from(args: argparse.Namespace) -> options.Selection:
+    return options.selection(vars(args))
 
 
 def add_target_arguments(p: argparse.ArgumentParser) -> None:
@@ -260,26 +103,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("trace", type=Path, metavar="TRACE")
     add_target_arguments(p)
-    g = p.add_argument_group("launching the server (one target)")
-    g.add_argument(
-        "--launch",
-        default=None,
-        metavar="CMD",
-        help="start the server with CMD, wait until ready, replay, stop it; its log "
-        "goes to RUN/server.log and a crash gets a signature",
-    )
-    g.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="with --launch: seconds to wait for /health and /v1/models",
-    )
-    g.add_argument(
-        "--keep-running",
-        action="store_true",
-        help="with --launch: leave the server running afterwards",
-    )
+    add_group(p, options.LAUNCHED_REPLAY)
     add_policy_arguments(p)
     add_monitor_arguments(p)
     add_selection_arguments(p)
@@ -298,33 +122,7 @@ def register(sub: Any) -> None:
 
 
 def policy_from(args: argparse.Namespace) -> Any:
-    from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
-
-    token_range = None
-    if args.token_range:
-        try:
-            lo, hi = (int(x) for x in args.token_range.split(":"))
-        except ValueError:
-            raise UsageError(f"--token-range wants LO:HI, not {args.token_range!r}") from None
-        token_range = (lo, hi)
-    try:
-        return ReplayPolicy(
-            timing=Timing(args.timing),
-            order=Order(args.order),
-            speed=args.speed,
-            max_inflight=args.max_inflight,
-            mode=Mode(args.mode),
-            force_stream=args.force_stream,
-            model=args.model,
-            skip_over_context=args.skip_over_context,
-            request_timeout=args.request_timeout,
-            on_failure=OnFailure(args.on_failure),
-            session_header=None if args.session_header.lower() == "none" else args.session_header,
-            token_range=token_range,
-            save_output=args.save_output,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    return options.replay_policy(vars(args))
 
 
 def read_key(spec: str, what: str) -> str:
@@ -399,6 +197,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     targets = targets_from(args)
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    trace.verify(rows)  # nothing is sent before the selection reads
     out = prepare_out(args.out, args.force)
     selection = {"limit": args.limit, "sessions": args.sessions, "requests": args.requests}
     live, server = start_metrics(args)
@@ -464,6 +263,7 @@ def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
         key = default_api_key(args)
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    trace.verify(rows)  # nothing is sent before the selection reads
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     out = prepare_out(args.out, args.force)

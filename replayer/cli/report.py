@@ -218,6 +218,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.out} exists and is not empty: pick another --out")
     trace = Trace.open(args.trace)
     rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    trace.verify(rows)  # nothing is sent before the selection reads
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The process that runs one job: ``python -m replayer.service.worker JOBDIR``.
+"""The process that runs one service job: ``python -m replayer.cli.worker JOBDIR``.
 
 Why a child process per job rather than a task in ``serve``'s event loop:
 
@@ -14,8 +14,10 @@ Why a child process per job rather than a task in ``serve``'s event loop:
   servers it launched) and exits, before ``serve`` would have to SIGKILL it
   and orphan them.
 * **Exactly the CLI.** The worker runs ``replayer.cli.main`` on the argv the
-  service built from the real parsers, so a job behaves exactly as the same
-  command typed in a shell: defaults, validation, exit codes, ``--resume``.
+  service built from the options layer (:mod:`replayer.options`), so a job
+  behaves exactly as the same command typed in a shell: defaults,
+  validation, exit codes, ``--resume``. It lives in ``cli`` because it is
+  the command line: the service starts it by module name, never imports it.
 
 The worker dies with ``serve`` (Linux ``PR_SET_PDEATHSIG``): a job never
 outlives the service that accounts for it. After a restart ``serve`` resumes

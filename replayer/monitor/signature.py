@@ -81,7 +81,7 @@ import signal as _signal
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from replayer.errors import UsageError
+from replayer.errors import OptionError
 from replayer.monitor.logs import (
     ANSI,
     HASHED_EVENTS,
@@ -464,11 +464,11 @@ def matches(sig: Signature, other: Signature) -> bool:
 
 
 def compile_signature_regex(pattern: str) -> re.Pattern[str]:
-    """``--signature REGEX``, checked before any trial runs."""
+    """The chased signature's regex, checked before any trial runs."""
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise UsageError(f"--signature {pattern!r} is not a valid regex: {exc}") from None
+        raise OptionError("signature", f"{pattern!r} is not a valid regex: {exc}") from None
 
 
 def matches_regex(sig: Signature, pattern: str | re.Pattern[str]) -> bool:

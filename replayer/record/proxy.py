@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -47,9 +48,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from replayer._http import CONNECT_TIMEOUT_S, pooled_connector, streaming_timeout
 from replayer.record.capture import Capture
 from replayer.record.recorder import (
-    CHAT_PATH,
     DEFAULT_SESSION_HEADERS,
     RECORDED_PATHS,
     Exchange,
@@ -57,7 +58,7 @@ from replayer.record.recorder import (
 )
 from replayer.record.redact import MASK, Redactor
 from replayer.record.sink import TraceSink
-from replayer.replay.client import IDLE_CLOSE_S
+from replayer.wire import Api, api_for_path, is_event_stream
 
 log = logging.getLogger("replayer.record")
 
@@ -100,7 +101,7 @@ class RecordConfig:
     drain: float = 5.0
     """Seconds in-flight exchanges get to finish at shutdown."""
     max_connections: int = 4096
-    connect_timeout: float = 30.0
+    connect_timeout: float = CONNECT_TIMEOUT_S
     add_request_id: bool = False
     """Send the recorded request id upstream as ``X-Request-Id`` when the client sent none."""
     id_prefix: str = "rec-"
@@ -140,6 +141,22 @@ def _without(headers: Any, skip: frozenset[str]) -> CIMultiDict[str]:
 def error_envelope(message: str, type_: str = "BadGateway", code: int = 502) -> bytes:
     """An OpenAI/vLLM error body (VLLM.md §4.1)."""
     return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderStats:
+    """A recording's counters at one instant: what live metrics read."""
+
+    recorded: int
+    """Exchanges handed to the trace writer (ok and failed)."""
+    failed: int
+    forwarded: int
+    """Requests forwarded upstream, recorded or not."""
+    inflight: int
+    rows_written: int
+    write_errors: int
+    bytes_on_disk: int
+    """The trace segment's size (0 before it exists)."""
 
 
 class RecordingProxy:
@@ -220,12 +237,8 @@ class RecordingProxy:
         self._client = aiohttp.ClientSession(
             # idle upstream connections close before vLLM closes them (IDLE_CLOSE_S):
             # a request written on one the server is closing would fail as a 502
-            connector=aiohttp.TCPConnector(
-                limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=IDLE_CLOSE_S
-            ),
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=None, sock_connect=cfg.connect_timeout, sock_read=None
-            ),
+            connector=pooled_connector(cfg.max_connections),
+            timeout=streaming_timeout(cfg.connect_timeout),
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
@@ -267,6 +280,23 @@ class RecordingProxy:
         if self._sink is None:
             raise RuntimeError("proxy not started")
         return self._sink
+
+    def stats(self) -> RecorderStats:
+        """The counters now; safe from any thread (a scrape), at any time."""
+        rec, sink = self.recorder, self._sink
+        try:
+            size = os.stat(self.config.output).st_size
+        except OSError:
+            size = 0
+        return RecorderStats(
+            recorded=rec.recorded if rec is not None else 0,
+            failed=rec.failed if rec is not None else 0,
+            forwarded=self.forwarded,
+            inflight=self.inflight,
+            rows_written=sink.rows if sink is not None else 0,
+            write_errors=sink.errors if sink is not None else 0,
+            bytes_on_disk=size,
+        )
 
     async def stop(self) -> None:
         """Stop listening, give in-flight exchanges ``drain`` s, record the rest as
@@ -396,10 +426,9 @@ class RecordingProxy:
         if ex is not None:
             ex.upstream_ns = time.monotonic_ns()
             ex.status = resp.status
-            ctype = resp.headers.get("Content-Type", "")
             cap = Capture(
-                chat=ex.path == CHAT_PATH,
-                sse=ctype.startswith("text/event-stream"),
+                api_for_path(ex.path) or Api.COMPLETIONS,
+                sse=is_event_stream(resp.headers.get("Content-Type")),
                 encoding=resp.headers.get("Content-Encoding"),
             )
         try:
@@ -486,7 +515,7 @@ class RecordingProxy:
             # Relay first, parse after: the client never waits for the parsing -
             # except at a stream's end, whose reply must be known before the
             # client sees [DONE] and sends its next turn.
-            last = cap.sse and (cap.finishing or b"[DONE]" in chunk)
+            last = cap.sse and cap.may_end(chunk)
             if last:
                 cap.feed(chunk, now)
                 if cap.done and ex.settled_ns is None:

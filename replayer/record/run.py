@@ -20,13 +20,17 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from replayer._async import spawn
 from replayer.record.proxy import RecordConfig, RecordingProxy, is_loopback
 
-if TYPE_CHECKING:
-    from replayer.telemetry import LiveMetrics
+
+class RecorderObserver(Protocol):
+    """What may watch a recording (live metrics): it reads the proxy's
+    public counters (:meth:`RecordingProxy.stats`) when it likes."""
+
+    def attach_recorder(self, proxy: RecordingProxy) -> None: ...
 
 
 def say(msg: str) -> None:
@@ -110,7 +114,7 @@ async def serve(
     port_file: Path | None = None,
     progress: float = 10.0,
     segment_of: Path | None = None,
-    live: LiveMetrics | None = None,
+    live: RecorderObserver | None = None,
 ) -> int:
     """Run the recorder until SIGTERM/SIGINT; the exit code. ``live``
     (``--metrics-port``) reads the proxy's counters at scrape time."""

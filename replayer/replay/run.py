@@ -35,7 +35,7 @@ from replayer.trace.reader import Trace
 from replayer.trace.tokens import TokenSpace
 
 if TYPE_CHECKING:
-    from replayer.telemetry import LiveMetrics
+    from replayer.replay.observer import ReplayObserver
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_NOT_EXERCISED = 0, 1, 3, 4
 EXIT_INTERRUPTED = 130
@@ -98,7 +98,7 @@ async def replay_to_dir(
     progress: bool = True,
     watch: WatchConfig | None = None,
     processes: dict[str, ProcessProbe] | None = None,
-    live: LiveMetrics | None = None,
+    live: ReplayObserver | None = None,
 ) -> RunOutcome:
     """Replay ``rows`` of ``trace`` into the run directory ``out``.
 

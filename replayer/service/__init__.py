@@ -9,7 +9,7 @@ A lab runs the reproducer next to its GPU servers: people submit jobs
 * :mod:`~replayer.service.config`: ``targets.toml``, the only source of
   launch commands;
 * :mod:`~replayer.service.jobs`: one folder and one atomic state file per job;
-* :mod:`~replayer.service.scheduler` and :mod:`~replayer.service.worker`:
+* :mod:`~replayer.service.scheduler` and :mod:`~replayer.cli.worker`:
   one child process per running job, a concurrency limit, resume after restart;
 * :mod:`~replayer.service.paths` and :mod:`~replayer.service.auth`: nothing
   outside the data directory, nobody without the token;

@@ -68,6 +68,6 @@ def write_report(run_dir: Path, out: Path) -> bool:
 
 def metrics_port_option(kind: str) -> str | None:
     """``--metrics-port`` if the job's command takes it (issue 8), else None."""
-    from replayer.service.specs import command
+    from replayer.options import command_options
 
-    return "--metrics-port" if "metrics_port" in command(kind).options else None
+    return "--metrics-port" if "metrics_port" in command_options(kind) else None

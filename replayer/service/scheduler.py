@@ -4,7 +4,7 @@ A queued job starts when fewer than ``max_concurrent`` jobs run *and* none
 of its targets is held by a running job (two jobs driving one GPU server
 would ruin both), oldest first; a job waiting for a busy target does not
 hold back a later job on a free one. Each running job is one worker
-process (:mod:`replayer.service.worker`) and one task here that waits for
+process (:mod:`replayer.cli.worker`) and one task here that waits for
 it and records how it ended; a worker's crash is a failed job, never an
 exception in the service.
 
@@ -59,7 +59,9 @@ def _pid_is_worker(pid: int, job_dir: Path) -> bool:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"replayer.service.worker" in cmd and str(job_dir).encode() in cmd
+    # replayer.service.worker: the module's name before 0.2, for jobs a restart finds
+    worker = b"replayer.cli.worker" in cmd or b"replayer.service.worker" in cmd
+    return worker and str(job_dir).encode() in cmd
 
 
 async def _wait_gone(pid: int, within: float) -> bool:
@@ -205,7 +207,7 @@ class Scheduler:
             proc = await asyncio.create_subprocess_exec(
                 self.python,
                 "-m",
-                "replayer.service.worker",
+                "replayer.cli.worker",
                 str(d),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=logf,

@@ -1,13 +1,14 @@
 """From a job request (JSON) to the exact ``replayer`` argv that runs it.
 
-A job takes "the same options as the CLI": ``options`` is an object of option
-names (``"max-inflight"`` or ``"max_inflight"``) to values, mapped onto the
-real subcommand parser (``replayer replay``, ``bisect``, ``bundle verify``,
-built from the CLI's own ``register`` functions), so defaults and validation
-are the CLI's, and a job runs exactly what ``replayer`` would. Values become
-``--option=value`` tokens (never a bare token, so no value can become an
-option or a positional); flags take ``true``/``false``; repeatable options a
-list. Argparse's prefix matching is off: only exact option names count.
+A job takes "the same options as the CLI": ``options`` is an object of
+parameter names (``"max_inflight"``, or the flag's ``"max-inflight"``) to
+values, checked against the options layer's tables
+(:mod:`replayer.options`, the ones the CLI's parsers are made of) and built
+into the same validated objects before the job is queued; a job then runs
+exactly what ``replayer`` would. Values become ``--option=value`` tokens
+(never a bare token, so no value can become an option or a positional);
+flags take ``true``/``false``; repeatable options a list. Only exact names
+count (no prefix matching).
 
 What a request may never carry, anywhere in the body: launch commands
 (``launch``, ``restart_cmd``, ``log_cmd``, ``control_launch``): they come
@@ -22,15 +23,15 @@ loopback port), and terminal niceties (``json``, ``quiet``, ``keep-running``).
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from replayer.errors import ReplayerError, UsageError
+from replayer import options
+from replayer.errors import OptionError, ReplayerError, UsageError
+from replayer.options import Opt
 from replayer.service.config import TargetConfig, Targets
 
 KINDS = ("replay", "bisect", "verify")
@@ -67,16 +68,6 @@ class SpecError(ValueError):
     """A job request the service refuses (a 400, nothing created)."""
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting: a bad option is a 400."""
-
-    def error(self, message: str) -> NoReturn:
-        raise SpecError(message)
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise SpecError((message or "invalid options").strip())
-
-
 def _norm(key: str) -> str:
     return key.strip().lower().replace("-", "_")
 
@@ -94,88 +85,72 @@ def launch_keys_in(obj: object, path: str = "") -> Iterator[str]:
             yield from launch_keys_in(v, f"{path}[{i}]")
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
-    """One subcommand's parser, and its options by normalized name."""
-
-    prefix: tuple[str, ...]
-    root: argparse.ArgumentParser
-    options: dict[str, argparse.Action]
-
-    def parse(self, argv: list[str]) -> argparse.Namespace:
-        return self.root.parse_args([*self.prefix, *argv])
+PREFIX = {"replay": ("replay",), "bisect": ("bisect",), "verify": ("bundle", "verify")}
 
 
-def _command(kind: str) -> Command:
-    module = {"replay": "replayer.cli.replay", "bisect": "replayer.cli.bisect"}.get(
-        kind, "replayer.cli.bundle"
-    )
-    root = _RaisingParser(prog="replayer", add_help=False, allow_abbrev=False)
-    sub = root.add_subparsers(dest="command", parser_class=_RaisingParser)
-    importlib.import_module(module).register(sub)
-    prefix: tuple[str, ...] = (kind,) if kind != "verify" else ("bundle", "verify")
-    parser: argparse.ArgumentParser = sub.choices[prefix[0]]
-    if kind == "verify":
-        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        parser = verbs.choices["verify"]
-    for p in (root, sub.choices[prefix[0]], parser):
-        p.allow_abbrev = False
-    options: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        for opt in action.option_strings:
-            if opt.startswith("--"):
-                options[_norm(opt[2:])] = action
-    return Command(prefix, root, options)
+def _lookup(kind: str) -> dict[str, Opt]:
+    """A job kind's options by parameter name and by the flag's name."""
+    out: dict[str, Opt] = {}
+    for o in options.command_options(kind).values():
+        out[o.name] = o
+        out.setdefault(_norm(o.spelling[2:]), o)
+    return out
 
 
-_COMMANDS: dict[str, Command] = {}
-
-
-def command(kind: str) -> Command:
-    if kind not in _COMMANDS:
-        _COMMANDS[kind] = _command(kind)
-    return _COMMANDS[kind]
-
-
-def option_argv(kind: str, options: object) -> list[str]:
-    """``options`` (a JSON object) as ``--name=value`` tokens for ``kind``."""
-    if options is None:
-        return []
-    if not isinstance(options, Mapping):
+def option_values(kind: str, given: object) -> tuple[list[str], dict[str, Any]]:
+    """``given`` (a JSON object) as ``--flag=value`` tokens for ``kind``, and
+    as typed parameter values for the options layer's builders."""
+    if given is None:
+        return [], {}
+    if not isinstance(given, Mapping):
         raise SpecError("options: want an object of option names to values")
-    cmd = command(kind)
-    out: list[str] = []
-    for key, value in options.items():
+    table = _lookup(kind)
+    argv: list[str] = []
+    values: dict[str, Any] = {}
+    for key, value in given.items():
         name = _norm(str(key))
         if name in LAUNCH_KEYS:
             raise SpecError(
                 f"options.{key}: launch commands come only from the server's targets.toml"
             )
-        if name in SERVER_OWNED:
+        opt = table.get(name)
+        if name in SERVER_OWNED or (opt is not None and opt.name in SERVER_OWNED):
             raise SpecError(f"options.{key}: set by the server (or by naming a target), not a job")
-        action = cmd.options.get(name)
-        if action is None:
-            raise SpecError(f"options.{key}: not an option of replayer {' '.join(cmd.prefix)}")
-        flag = next(o for o in action.option_strings if o.startswith("--"))
+        if opt is None:
+            raise SpecError(f"options.{key}: not an option of replayer {' '.join(PREFIX[kind])}")
         if value is None:
             continue
-        if action.nargs == 0:
+        if opt.flag:
             if not isinstance(value, bool):
                 raise SpecError(f"options.{key}: a flag, want true or false")
             if value:
-                out.append(flag)
+                argv.append(opt.spelling)
+            values[opt.name] = value != opt.negated
             continue
-        values = value if isinstance(value, list) else [value]
-        if isinstance(value, list) and not isinstance(action, argparse._AppendAction):
+        if isinstance(value, list) and not opt.repeat:
             raise SpecError(f"options.{key}: takes one value, not a list")
-        for v in values:
+        items = value if isinstance(value, list) else [value]
+        typed = []
+        for v in items:
             if isinstance(v, bool) or not isinstance(v, str | int | float):
                 raise SpecError(f"options.{key}: want a string or a number")
             text = str(v)
             if "\n" in text or "\x00" in text:
                 raise SpecError(f"options.{key}: newlines and NULs are not allowed")
-            out.append(f"{flag}={text}")
-    return out
+            if opt.choices and text not in opt.choices:
+                raise SpecError(f"options.{key}: {text!r}: want one of {', '.join(opt.choices)}")
+            try:
+                typed.append(opt.type(text) if opt.type is not None else text)
+            except ValueError as exc:
+                raise SpecError(f"options.{key}: {exc}") from None
+            argv.append(f"{opt.spelling}={text}")
+        values[opt.name] = typed if opt.repeat else typed[0]
+    return argv, values
+
+
+def option_argv(kind: str, given: object) -> list[str]:
+    """``given`` (a JSON object) as ``--name=value`` tokens for ``kind``."""
+    return option_values(kind, given)[0]
 
 
 def _lifecycle_argv(t: TargetConfig) -> list[str]:
@@ -281,13 +256,15 @@ def plan_job(
         raise SpecError("label: want a string of at most 200 characters")
     try:
         argv, used, inputs = _plan(kind, body, targets, resolve_input)
-        argv += option_argv(kind, opts)
+        extra, values = option_values(kind, opts)
+        argv += extra
         argv.append(f"--out={out}")
-        args = command(kind).parse(argv)
-        _semantic_checks(kind, args)
+        _semantic_checks(kind, values)
+    except OptionError as exc:
+        raise SpecError(f"options.{exc.param}: {exc.problem}") from None
     except ReplayerError as exc:
         raise SpecError(str(exc)) from None
-    return JobPlan(kind, [*command(kind).prefix, *argv], tuple(used), inputs, dict(opts))
+    return JobPlan(kind, [*PREFIX[kind], *argv], tuple(used), inputs, dict(opts))
 
 
 def _plan(
@@ -339,32 +316,19 @@ def _plan(
     return argv, used, inputs
 
 
-def _semantic_checks(kind: str, args: argparse.Namespace) -> None:
-    """The CLI's own checks that need no file or server, run before queueing
+def _semantic_checks(kind: str, values: Mapping[str, Any]) -> None:
+    """The options layer's checks that need no file or server, before queueing
     (the worker runs the real command, which checks everything again)."""
-    from replayer.cli.replay import policy_from, watch_from
-
     if kind in ("replay", "bisect"):
-        policy_from(args)
-    watch = watch_from(args)
+        options.replay_policy(values)
+        options.selection(values)
+    watch = options.watch_config(values)
     if kind != "replay" and watch is None:
-        raise UsageError(f"{kind} classifies every run: it needs the monitor (no-monitor)")
+        raise UsageError(f"{kind} classifies every run: it needs the monitor (no_monitor)")
     if kind == "bisect":
-        from replayer.minimize.pipeline import STAGES
-        from replayer.monitor.signature import compile_signature_regex
-
-        stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-        bad = [s for s in stages if s not in STAGES]
-        if bad:
-            raise UsageError(f"unknown stage(s) {', '.join(bad)}; stages are {', '.join(STAGES)}")
-        if args.calibrate < 1 or args.calibrate_runs < 1 or args.confirm < 0:
-            raise UsageError("calibrate and calibrate-runs must be >= 1, confirm >= 0")
-        if not 0 < args.alpha < 1:
-            raise UsageError("alpha must be between 0 and 1")
-        if args.signature:
-            compile_signature_regex(args.signature)
-    if kind == "verify" and args.runs < 1:
-        raise UsageError("runs must be at least 1")
+        options.bisect_options(values)
+    if kind == "verify" and values.get("runs", 1) < 1:
+        raise OptionError("runs", "must be at least 1")
 
 
 def redact_argv(argv: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from replayer.errors import UsageError
+from replayer.errors import OptionError
 from replayer.target.base import DEFAULT_READY_TIMEOUT, ServerTarget
 from replayer.target.process import DEFAULT_STOP_GRACE, LaunchedTarget, split_command
 from replayer.target.remote import ExternalTarget, RestartableTarget
@@ -38,7 +38,7 @@ def url_from_command(argv: Sequence[str]) -> str:
             elif value not in ("0.0.0.0", "::", ""):
                 host = value
     if not port.isdigit():
-        raise UsageError(f"--launch: cannot read a port from --port {port!r}; pass --url")
+        raise OptionError("launch", f"cannot read a port from --port {port!r}; give url")
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"http://{host}:{port}"
@@ -66,14 +66,14 @@ def make_target(
                              model=trace_model)
     """
     if launch is not None and restart_cmd is not None:
-        raise UsageError("--launch and --restart-cmd are exclusive: pick one")
+        raise OptionError("launch", "and restart_cmd are exclusive: give one")
     if launch is not None:
         if log_cmd is not None:
-            raise UsageError(
-                "--log-cmd is for --restart-cmd/--url: a launched server's log is captured already"
+            raise OptionError(
+                "log_cmd", "is for restart_cmd or url: a launched server's log is captured already"
             )
         if log_path is None:
-            raise UsageError("--launch needs a log file (the run directory's server.log)")
+            raise OptionError("launch", "needs a log file (the run directory's server.log)")
         argv, _ = split_command(launch)
         return LaunchedTarget(
             launch,
@@ -87,11 +87,11 @@ def make_target(
             ready_timeout=ready_timeout,
         )
     if env:
-        raise UsageError("environment settings apply only to --launch")
+        raise OptionError("env", "applies only to a launched server (launch)")
     if url is None:
         if restart_cmd is not None:
-            raise UsageError("--restart-cmd needs --url (where the restarted server listens)")
-        raise UsageError("no target: pass --launch CMD, --restart-cmd CMD --url URL, or --url URL")
+            raise OptionError("restart_cmd", "needs url (where the restarted server listens)")
+        raise OptionError("launch", "or restart_cmd with url, or url alone: no server given")
     fetched = log_path if log_cmd else None  # no --log-cmd: there is no log to hold
     if restart_cmd is not None:
         return RestartableTarget(

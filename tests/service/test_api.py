@@ -318,13 +318,14 @@ def test_launch_commands_in_a_body_are_refused(env):
         assert r.status_code == 400, opt
         assert "set by the server" in r.json()["error"]
     for opts, msg in [
-        ({"timing": "warp"}, "invalid choice: 'warp'"),
+        ({"timing": "warp"}, "options.timing: 'warp': want one of recorded, gaps, asap"),
         ({"laun": "sh"}, "not an option of replayer bisect"),
         ({"speed": [1, 2]}, "takes one value"),
         ({"resum": True}, "not an option"),
-        ({"stages": "prefix,nope"}, "unknown stage(s) nope"),
+        ({"stages": "prefix,nope"}, "options.stages: names unknown stage(s) nope; the stages"),
         ({"no-monitor": True}, "needs the monitor"),
-        ({"confirm": "-1"}, "confirm >= 0"),
+        ({"confirm": "-1"}, "options.confirm: must not be negative"),
+        ({"calibrate": 0}, "options.calibrate_matches: must be at least 1"),
         ({"model": "a\nb"}, "newlines"),
     ]:
         r = env.c.post("/api/jobs", json={**base, "options": opts})

@@ -1,0 +1,116 @@
+"""The public API, as a user scripts it: the README example, typed results,
+errors worded in parameters, and a cheap ``import replayer``."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import replayer
+from replayer import (
+    OptionError,
+    ReplayerError,
+    ReplayPolicy,
+    RunStatus,
+    Selection,
+    Timing,
+    api,
+    options,
+)
+from replayer.testing.emulator import EmulatorProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "traces" / "agents-8x10.arrow"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- api-example -->\n```python\n(.*?)```", text, re.S)
+    assert m, "the README lost its API example"
+    return m.group(1)
+
+
+def test_the_readme_example_replays_and_bisects(tmp_path, monkeypatch, capsys):
+    code = readme_example()
+    assert "replayer.cli" not in code and "argparse" not in code
+    (tmp_path / "traces").symlink_to(ROOT / "traces")
+    monkeypatch.chdir(tmp_path)
+    code = code.replace("--port 8431", f"--port {_free_port()}")  # CI may run two suites
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("process_exit ")
+    rate = out[1].rsplit(" ", 1)[1]
+    assert out[1].startswith("complete ")
+    # the planted trigger: a long turn and the turn before it, in one session
+    got = eval(out[1][len("complete ") : out[1].rindex(" ")])  # the printed tuple of ids
+    assert len(got) == 2 and got[0].rsplit("-t", 1)[0] == got[1].rsplit("-t", 1)[0], got
+    assert rate == "2/2"
+    bundle = Path(out[2].removeprefix("bundle: "))
+    assert (bundle / "repro.py").exists() and (bundle / "trace.arrow").exists()
+    # the in-process oracle: the first long turn in trace order, and its warm-up
+    assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 27 trials"
+
+
+async def test_replay_returns_typed_results_per_endpoint(tmp_path):
+    async with EmulatorProcess(["--speed", "instant"]) as emu:
+        res = await api.replay(
+            TRACE,
+            [api.Endpoint("a", emu.url), emu.url],
+            ReplayPolicy(timing=Timing.ASAP, max_inflight=4),
+            selection=Selection(sessions="0..1"),
+            out=tmp_path / "run",
+        )
+    assert res.status is RunStatus.SURVIVED and res.exit_code == 0 and res.failure is None
+    assert list(res.endpoints) == ["a", "target1"]
+    for ep in res.endpoints.values():
+        assert (ep.requests, ep.sent, dict(ep.status_counts)) == (20, 20, {"ok": 20})
+        assert ep.exercised and not ep.failed and ep.url == emu.url
+    assert res.paths.results.exists() and res.paths.summary.exists()
+
+
+def test_errors_name_parameters_not_flags(tmp_path):
+    with pytest.raises(OptionError, match=r"^max_inflight must be at least 1$") as e:
+        options.replay_policy({"max_inflight": 0})
+    assert e.value.param == "max_inflight"
+    with pytest.raises(OptionError, match=r"^endpoints 'ftp://x': the URL must start"):
+        api.replay_sync(TRACE, "ftp://x", out=tmp_path / "r")
+    with pytest.raises(OptionError, match=r"^limit must not be negative$"):
+        Selection(limit=-1)
+    with pytest.raises(OptionError, match=r"^stages names unknown stage\(s\) nope"):
+        replayer.BisectOptions(stages=("prefix", "nope"))
+    with pytest.raises(OptionError, match=r"^launch and restart_cmd are exclusive"):
+        api.Server(launch="x", restart_cmd="y")
+    with pytest.raises(ReplayerError, match="no such file"):
+        api.open_trace(tmp_path / "missing.arrow")
+    assert not (tmp_path / "r").exists()  # refused before anything was created
+
+
+def test_the_cli_says_the_same_errors_in_flags(capsys):
+    from replayer.cli import main
+
+    rc = main(["replay", str(TRACE), "--target", "http://127.0.0.1:9", "--max-inflight", "0"])
+    err = capsys.readouterr().err
+    assert (rc, err) == (2, "replayer replay: error: --max-inflight must be at least 1\n")
+
+
+def test_every_public_name_resolves_and_import_stays_cheap():
+    assert set(replayer.__all__) == {"__version__", *replayer._EXPORTS}
+    for name in replayer.__all__:
+        assert getattr(replayer, name) is not None, name
+    heavy = subprocess.run(
+        [sys.executable, "-c", "import replayer, sys; print(sorted(m for m in "
+         "('pyarrow', 'aiohttp', 'httpx') if m in sys.modules))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert heavy.stdout.strip() == "[]"
