@@ -43,8 +43,8 @@ def _port() -> int:
 
 
 async def _bisect(trace_path: Path, out: Path, launch: str, opts: Any, timing: str) -> Any:
-    from replayer.minimize.pipeline import Bisect, run_bisect
-    from replayer.minimize.trial import TrialEnv
+    from replayer.bisect.pipeline import Bisect, run_bisect
+    from replayer.bisect.trial import TrialEnv
     from replayer.monitor.watch import WatchConfig
     from replayer.replay.plan import select
     from replayer.replay.policy import ReplayPolicy, Timing
@@ -72,7 +72,7 @@ async def _bisect(trace_path: Path, out: Path, launch: str, opts: Any, timing: s
 
 
 def deterministic(tmp: Path) -> dict[str, Any]:
-    from replayer.minimize.pipeline import BisectOptions
+    from replayer.bisect.pipeline import BisectOptions
     from replayer.trace.synth import SynthOptions, write_trace
 
     trace_path = tmp / "det.arrow"
@@ -139,7 +139,7 @@ def deterministic(tmp: Path) -> dict[str, Any]:
 
 
 def flaky(tmp: Path, runs: int) -> dict[str, Any]:
-    from replayer.minimize.pipeline import BisectOptions
+    from replayer.bisect.pipeline import BisectOptions
     from replayer.trace.synth import SynthOptions, write_trace
 
     trace_path = tmp / "flaky.arrow"
@@ -202,8 +202,8 @@ def simulated(seeds: int, n: int = 1000) -> dict[str, Any]:
     fake runner (one culprit, crash probability p), same seeds for both."""
     import random
 
-    from replayer.minimize.oracle import Candidate, Oracle, Outcome
-    from replayer.minimize.search import shortest_prefix
+    from replayer.bisect.oracle import Candidate, Oracle, Outcome
+    from replayer.bisect.search import shortest_prefix
     from replayer.testing.fakes import FakeRunner
 
     def prefixes(j: int) -> Candidate:

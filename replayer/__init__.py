@@ -1,7 +1,7 @@
 """replayer: a long-context, multi-turn crash reproducer for LLM serving.
 
 The package is laid out along the data flow: ``trace`` (the on-disk format,
-importers, synthesis) -> ``record`` -> ``replay`` -> ``monitor`` -> ``minimize``
+importers, synthesis) -> ``record`` -> ``replay`` -> ``monitor`` -> ``bisect``
 -> ``bundle``, plus the vLLM ``emulator``, the ``service`` and the ``cli``.
 
 The names below are the public API (see the README's "Python API")::
@@ -41,7 +41,7 @@ _EXPORTS = {
     "OnFailure": "replayer.replay.policy",
     "WatchConfig": "replayer.monitor.watch",
     "Selection": "replayer.options",
-    "BisectOptions": "replayer.minimize.pipeline",
+    "BisectOptions": "replayer.bisect.pipeline",
     # traces
     "Trace": "replayer.trace.reader",
     "TraceWriter": "replayer.trace.writer",
@@ -50,12 +50,12 @@ _EXPORTS = {
     # what a run finds
     "FailureClass": "replayer.monitor.classify",
     "Signature": "replayer.monitor.signature",
-    "Outcome": "replayer.minimize.oracle",
-    "BisectResult": "replayer.minimize.pipeline",
-    "Runner": "replayer.minimize.runner",
-    "Trial": "replayer.minimize.runner",
-    "Observation": "replayer.minimize.runner",
-    "FunctionRunner": "replayer.minimize.runner",
+    "Outcome": "replayer.bisect.oracle",
+    "BisectResult": "replayer.bisect.pipeline",
+    "Runner": "replayer.bisect.runner",
+    "Trial": "replayer.bisect.runner",
+    "Observation": "replayer.bisect.runner",
+    "FunctionRunner": "replayer.bisect.runner",
     # errors
     "ReplayerError": "replayer.errors",
     "UsageError": "replayer.errors",
@@ -137,6 +137,9 @@ if TYPE_CHECKING:
         Server,
         open_trace,
     )
+    from replayer.bisect.oracle import Outcome
+    from replayer.bisect.pipeline import BisectOptions, BisectResult
+    from replayer.bisect.runner import FunctionRunner, Observation, Runner, Trial
     from replayer.errors import (
         ImportFormatError,
         LaunchError,
@@ -147,9 +150,6 @@ if TYPE_CHECKING:
         TraceError,
         UsageError,
     )
-    from replayer.minimize.oracle import Outcome
-    from replayer.minimize.pipeline import BisectOptions, BisectResult
-    from replayer.minimize.runner import FunctionRunner, Observation, Runner, Trial
     from replayer.monitor.classify import FailureClass
     from replayer.monitor.signature import Signature
     from replayer.monitor.watch import WatchConfig

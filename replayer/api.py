@@ -22,20 +22,20 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replayer.bisect.oracle import Outcome
+from replayer.bisect.pipeline import BisectOptions
+from replayer.bisect.runner import FunctionRunner, Observation, Runner, Trial
 from replayer.errors import OptionError, UsageError
-from replayer.minimize.oracle import Outcome
-from replayer.minimize.pipeline import BisectOptions
-from replayer.minimize.runner import FunctionRunner, Observation, Runner, Trial
 from replayer.monitor.classify import FailureClass
 from replayer.monitor.signature import Signature
 from replayer.monitor.watch import WatchConfig
 from replayer.options import Selection, reset_mode
-from replayer.replay.client import Target as Endpoint
+from replayer.replay.client import Endpoint
 from replayer.replay.policy import ReplayPolicy
 from replayer.trace.reader import Trace
 
 if TYPE_CHECKING:
-    from replayer.minimize.pipeline import BisectResult
+    from replayer.bisect.pipeline import BisectResult
     from replayer.replay.run import RunOutcome
     from replayer.target.base import ServerTarget
     from replayer.telemetry import LiveMetrics
@@ -393,7 +393,7 @@ async def check(
 
     The chased failure is any crash, or the crashes whose signature text
     matches the regex ``signature``, or the one with hash ``expect_signature``."""
-    from replayer.minimize.trial import Chase, TrialEnv
+    from replayer.bisect.trial import Chase, TrialEnv
     from replayer.monitor.signature import compile_signature_regex
     from replayer.replay.run import prepare_out
 
@@ -470,7 +470,7 @@ async def bisect(
 
     ``server`` is a :class:`Server` (launched, restarted after every crash
     and replayed against), or your own oracle: a
-    :class:`~replayer.minimize.runner.Runner` or a plain function of a
+    :class:`~replayer.bisect.runner.Runner` or a plain function of a
     :class:`Trial` returning an :class:`Outcome` or :class:`Observation`
     (a kernel unit test on the trial's bodies, a simulator; no server).
     The chased failure is the first crash, or the ones whose signature text
@@ -478,8 +478,8 @@ async def bisect(
     (the other platform): the final repro is replayed there too. The bundle
     goes to ``out/bundle``; ``resume`` continues a stopped bisect in ``out``
     without repeating a journaled trial."""
-    from replayer.minimize.pipeline import Bisect, Control, run_bisect
-    from replayer.minimize.trial import OWNER_ENV, Chase, TrialEnv, owner_token, reap_orphan
+    from replayer.bisect.pipeline import Bisect, Control, run_bisect
+    from replayer.bisect.trial import OWNER_ENV, Chase, TrialEnv, owner_token, reap_orphan
     from replayer.monitor.signature import compile_signature_regex
 
     if watch is None:

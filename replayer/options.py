@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from replayer.bisect.pipeline import STAGES, BisectOptions
 from replayer.errors import OptionError
-from replayer.minimize.pipeline import STAGES, BisectOptions
 from replayer.monitor.watch import WatchConfig
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
 from replayer.target.base import ResetMode

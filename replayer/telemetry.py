@@ -75,10 +75,10 @@ from prometheus_client.registry import Collector
 from replayer.replay.results import Result, Status
 
 if TYPE_CHECKING:
-    from replayer.minimize.oracle import Candidate, TrialRecord
-    from replayer.minimize.pipeline import Bisect
+    from replayer.bisect.oracle import Candidate, TrialRecord
+    from replayer.bisect.pipeline import Bisect
     from replayer.record.proxy import RecordingProxy
-    from replayer.replay.engine import Replay, TargetRun
+    from replayer.replay.engine import Replay
 
 TTFT_BUCKETS = (
     0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 450, 600,
@@ -97,18 +97,6 @@ LAG_BUCKETS = (
 
 HEALTH_STATES = ("unknown", "healthy", "unhealthy", "unreachable", "failed")
 _NOT_SENT = (Status.NOT_SENT_AFTER_CRASH, Status.SKIPPED)
-
-
-def health_state(run: TargetRun) -> str:
-    """The target's state as the last ``/health`` probe (or a failure) says."""
-    if run.failure is not None:
-        return "failed"
-    probe = run.watch.health.last() if run.watch is not None else None
-    if probe is None:
-        return "unknown"
-    if probe.status == 200:
-        return "healthy"
-    return "unhealthy" if probe.status is not None else "unreachable"
 
 
 @dataclass
@@ -154,10 +142,10 @@ class _ReplayCollector(Collector):
             states = {name: s.health for name, s in self.last.items()}
         live: dict[str, tuple[int, int, int]] = {}
         for replay in replays:
-            for name, run in list(replay.runs.items()):
+            for name, snap in replay.snapshot().items():
                 sent, n, last = live.get(name, (0, 0, 0))
-                live[name] = (sent + run.sent, n + run.inflight, run.last_lag_us)
-                states[name] = health_state(run)
+                live[name] = (sent + snap.sent, n + snap.inflight, snap.last_lag_us)
+                states[name] = snap.health
         for name in sorted(set(totals) | set(live)):
             sent, n, last = live.get(name, (0, 0, 0))
             dispatched.add_metric([name], totals.get(name, 0) + sent)
@@ -341,17 +329,16 @@ class LiveMetrics:
     def detach(self, replay: Replay) -> None:
         """The replay is over: keep its totals, count its classified failures."""
         c = self._replays
+        final = replay.snapshot()
         with c.lock:
             if replay in c.replays:
                 c.replays.remove(replay)
-            for name, run in replay.runs.items():
-                c.done[name] = c.done.get(name, 0) + run.sent
-                c.last[name] = _Snapshot(run.sent, health_state(run))
-        for name, run in replay.runs.items():
-            if run.failure is None:
-                continue
-            cls = run.report.failure_class.value if run.report is not None else run.failure.kind
-            self.failures.labels(name, cls).inc()
+            for name, snap in final.items():
+                c.done[name] = c.done.get(name, 0) + snap.sent
+                c.last[name] = _Snapshot(snap.sent, snap.health)
+        for name, snap in final.items():
+            if snap.failure_class is not None:
+                self.failures.labels(name, snap.failure_class).inc()
 
     # -- bisect --------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("record",),
     ("target",),
     ("bundle",),
-    ("minimize",),
+    ("bisect",),
     ("options",),
     ("telemetry",),
     ("analysis",),

@@ -63,14 +63,14 @@ def test_lazy_and_type_only_imports_count(tmp_path):
     before = check(pkg)
     line = _append(
         health,
-        "\n\ndef _late() -> None:\n    from replayer.minimize import pipeline  # noqa\n"
+        "\n\ndef _late() -> None:\n    from replayer.bisect import pipeline  # noqa\n"
         "\n\nif TYPE_CHECKING:\n    from replayer.replay.engine import Replay  # noqa\n",
     )
     assert _new(pkg, before) == [
         f"{health}:{line + 3}: upward import: replayer.monitor.health (monitor) imports "
-        "replayer.minimize (minimize, a higher layer)",
+        "replayer.bisect (bisect, a higher layer)",
         f"{health}:{line + 3}: upward import: replayer.monitor.health (monitor) imports "
-        "replayer.minimize.pipeline (minimize, a higher layer)",
+        "replayer.bisect.pipeline (bisect, a higher layer)",
         f"{health}:{line + 7}: upward import: replayer.monitor.health (monitor) imports "
         "replayer.replay.engine (replay, a higher layer)",
     ]

@@ -16,11 +16,11 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from replayer._async import spawn
-from replayer.minimize.pipeline import Bisect, BisectOptions, run_bisect
-from replayer.minimize.trial import TrialEnv
+from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
+from replayer.bisect.trial import TrialEnv
 from replayer.monitor.watch import WatchConfig
 from replayer.record.proxy import RecordConfig, RecordingProxy
-from replayer.replay.client import Target
+from replayer.replay.client import Endpoint
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.results import read_results
@@ -28,7 +28,7 @@ from replayer.replay.run import replay_to_dir
 from replayer.target.factory import make_target
 from replayer.telemetry import TTFT_BUCKETS, LiveMetrics
 
-from .minimize.test_pipeline import emulator_cmd
+from .bisect.test_pipeline import emulator_cmd
 from .replay.test_engine import MODEL, synth
 
 WATCH = WatchConfig(health_interval=0.1, scrape_interval=0.5, settle=1.0, grace=0.2)
@@ -74,7 +74,7 @@ async def test_scraped_during_a_crashing_replay_and_equal_to_results(emulator_fa
                 t,
                 rows,
                 ReplayPolicy(timing=Timing.ASAP),
-                [Target("mi355", emu.url)],
+                [Endpoint("mi355", emu.url)],
                 out,
                 progress=False,
                 watch=WATCH,

@@ -24,7 +24,7 @@ import orjson
 
 from replayer.analysis.compare import CompareOptions, compare_runs
 from replayer.monitor.watch import WatchConfig
-from replayer.replay.client import Target
+from replayer.replay.client import Endpoint
 from replayer.replay.policy import ReplayPolicy
 from replayer.replay.run import EXIT_UNREACHABLE, replay_to_dir
 from replayer.trace.reader import Trace
@@ -38,7 +38,7 @@ async def sweep(
     trace: Trace,
     rows: list[int],
     policy: ReplayPolicy,
-    targets: list[Target],
+    targets: list[Endpoint],
     values: Sequence[int],
     out: Path,
     *,

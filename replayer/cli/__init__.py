@@ -46,7 +46,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> Parser:
     parser = Parser(
         prog="replayer",
-        description="Record, replay, monitor and minimize LLM-serving crash traces.",
+        description="Record, replay, monitor and bisect LLM-serving crash traces.",
     )
     parser.add_argument("--version", action="version", version=f"replayer {__version__}")
     parser.add_argument(

@@ -85,8 +85,8 @@ def _from_run(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_bisect(args: argparse.Namespace) -> int:
     import asyncio
 
-    from replayer.minimize.pipeline import Bisect, Control, run_bisect
-    from replayer.minimize.trial import OWNER_ENV, Chase, TrialEnv, owner_token, reap_orphan
+    from replayer.bisect.pipeline import Bisect, Control, run_bisect
+    from replayer.bisect.trial import OWNER_ENV, Chase, TrialEnv, owner_token, reap_orphan
     from replayer.monitor.signature import compile_signature_regex
     from replayer.replay.plan import select
     from replayer.target.factory import make_target
@@ -207,7 +207,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
         return EXIT_NOT_EXERCISED
     k, n = res.reproduction
-    from replayer.minimize.stats import describe_rate
+    from replayer.bisect.stats import describe_rate
 
     print(
         f"\nbisect {res.status}: {len(res.best.positions):,} of {len(rows):,} requests "

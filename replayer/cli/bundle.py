@@ -72,7 +72,7 @@ def register(sub: Any) -> None:
 
 
 async def _runs(env: Any, rows: list[int], out: Path, n: int, label: str) -> list[Any]:
-    from replayer.minimize.trial import NotExercised
+    from replayer.bisect.trial import NotExercised
 
     results = []
     try:
@@ -110,9 +110,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     import orjson
 
-    from replayer.minimize.oracle import Outcome
-    from replayer.minimize.stats import describe_rate
-    from replayer.minimize.trial import Chase, TrialEnv
+    from replayer.bisect.oracle import Outcome
+    from replayer.bisect.stats import describe_rate
+    from replayer.bisect.trial import Chase, TrialEnv
     from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
     from replayer.trace.reader import Trace
 
@@ -154,7 +154,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         api_key=key,
         chase=chase,
     )
-    from replayer.minimize.trial import NotExercised
+    from replayer.bisect.trial import NotExercised
 
     try:
         results = asyncio.run(_runs(env, rows, out, args.runs, "run"))
@@ -180,9 +180,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_soak(args: argparse.Namespace) -> int:
     import asyncio
 
-    from replayer.minimize.oracle import Outcome
-    from replayer.minimize.stats import describe_rate
-    from replayer.minimize.trial import TrialEnv
+    from replayer.bisect.oracle import Outcome
+    from replayer.bisect.stats import describe_rate
+    from replayer.bisect.trial import TrialEnv
     from replayer.replay.plan import select
     from replayer.trace.reader import Trace
 
@@ -207,7 +207,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         reset=options.reset_mode(args.reset),
         api_key=key,
     )
-    from replayer.minimize.trial import NotExercised
+    from replayer.bisect.trial import NotExercised
 
     try:
         results = asyncio.run(_runs(env, rows, out, args.runs, "soak"))

@@ -154,7 +154,7 @@ def exit_code(outcome: str, convention: str, also: int | None) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import asyncio
 
-    from replayer.minimize.trial import Chase, TrialEnv
+    from replayer.bisect.trial import Chase, TrialEnv
     from replayer.monitor.signature import compile_signature_regex
     from replayer.replay.plan import select
     from replayer.replay.run import prepare_out

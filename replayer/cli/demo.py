@@ -83,15 +83,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return demo_vllm(args)
     args.out = args.out or Path("runs/demo")
 
-    from replayer.minimize.pipeline import (
+    from replayer.bisect.pipeline import (
         Bisect,
         BisectOptions,
         Control,
         fisher_one_sided,
         run_bisect,
     )
-    from replayer.minimize.stats import describe_rate
-    from replayer.minimize.trial import TrialEnv
+    from replayer.bisect.stats import describe_rate
+    from replayer.bisect.trial import TrialEnv
     from replayer.monitor.watch import WatchConfig
     from replayer.replay.plan import select
     from replayer.replay.policy import ReplayPolicy

@@ -38,11 +38,11 @@ def _say(msg: str = "") -> None:
 
 def demo_vllm(args: argparse.Namespace) -> int:
     from replayer.analysis.report import write_report
-    from replayer.minimize.pipeline import Bisect, BisectOptions, Control, run_bisect
-    from replayer.minimize.stats import describe_rate
-    from replayer.minimize.trial import TrialEnv
+    from replayer.bisect.pipeline import Bisect, BisectOptions, Control, run_bisect
+    from replayer.bisect.stats import describe_rate
+    from replayer.bisect.trial import TrialEnv
     from replayer.monitor.watch import WatchConfig
-    from replayer.replay.client import Target
+    from replayer.replay.client import Endpoint
     from replayer.replay.plan import select
     from replayer.replay.policy import ReplayPolicy, Timing
     from replayer.replay.results import read_results
@@ -102,7 +102,7 @@ def demo_vllm(args: argparse.Namespace) -> int:
                 trace,
                 rows,
                 ReplayPolicy(timing=Timing.ASAP, model=SERVED, max_inflight=1),
-                [Target("control", control.url)],
+                [Endpoint("control", control.url)],
                 out / "clean",
                 progress=False,
                 watch=watch,

@@ -153,7 +153,7 @@ def default_api_key(args: argparse.Namespace) -> str | None:
 
 
 def targets_from(args: argparse.Namespace) -> list[Any]:
-    from replayer.replay.client import Target
+    from replayer.replay.client import Endpoint
 
     if not args.target:
         raise UsageError("no target: pass --target [NAME=]URL")
@@ -164,7 +164,7 @@ def targets_from(args: argparse.Namespace) -> list[Any]:
         if not sep:
             raise UsageError(f"--target-key wants NAME=env:VAR|file:PATH, not {spec!r}")
         keys[name] = read_key(ref, f"--target-key {name}")
-    out: list[Target] = []
+    out: list[Endpoint] = []
     for spec in args.target:
         name, sep, url = spec.partition("=")
         if not sep or "://" in name:
@@ -173,7 +173,7 @@ def targets_from(args: argparse.Namespace) -> list[Any]:
             raise UsageError(f"--target {spec!r}: the URL must start with http:// or https://")
         if any(t.name == name for t in out):
             raise UsageError(f"two targets are named {name!r}")
-        out.append(Target(name=name, url=url.rstrip("/"), api_key=keys.get(name, default_key)))
+        out.append(Endpoint(name=name, url=url.rstrip("/"), api_key=keys.get(name, default_key)))
     unknown = set(keys) - {t.name for t in out}
     if unknown:
         raise UsageError(f"--target-key for unknown target(s): {', '.join(sorted(unknown))}")
@@ -244,7 +244,7 @@ def _replay_launched(args: argparse.Namespace, policy: Any, watch: Any) -> int:
 
     import orjson
 
-    from replayer.minimize.trial import TrialEnv
+    from replayer.bisect.trial import TrialEnv
     from replayer.replay.plan import select
     from replayer.replay.run import prepare_out
     from replayer.replay.summary import render

@@ -66,6 +66,9 @@ def register(sub: Any) -> None:
         help="also the ideal prefix-cache hit ratio of the blocks requests, for a server "
         "with BLOCK-token KV blocks (vLLM: 16 on GPUs, 128 on CPU); reads all content",
     )
+    from replayer.cli.replay import add_selection_arguments
+
+    add_selection_arguments(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("export", help="write a trace as JSONL (full bodies, trace order)")
@@ -162,11 +165,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     if args.prefix_cache is not None and args.prefix_cache < 1:
         raise UsageError("--prefix-cache wants a block size >= 1")
+    from replayer.replay.plan import select
+
     trace = Trace.open(args.trace)
     report = trace.verify(bodies=args.verify)
-    info = inspect_trace(trace)
+    rows = None
+    if args.limit is not None or args.sessions or args.requests:
+        rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
+    info = inspect_trace(trace, rows)
     if args.prefix_cache is not None:
-        info["prefix_cache"] = prefix_cache_figures(trace, args.prefix_cache)
+        info["prefix_cache"] = prefix_cache_figures(trace, args.prefix_cache, rows)
     if args.verify:
         info["verify"] = report.lines()
     if args.json:

@@ -1,6 +1,6 @@
 """A vLLM OpenAI-compatible server emulator with fault injection.
 
-The embedded default target of replayer: every replay, monitor and minimize
+The embedded default target of replayer: every replay, monitor and bisect
 test, the demo and the benchmarks run against it. It matches vLLM 0.33 on the
 wire (``../shared/VLLM.md`` is the spec; older variants via
 ``--vllm-version``; ``--vllm-version 0.32.0`` is what a real vLLM 0.32 did,

@@ -73,7 +73,7 @@ class InFlight:
     """Seconds after T0."""
     input_tokens: int
     stats: Any
-    """Its :class:`~replayer.replay.sse.StreamStats` (``first_token``,
+    """Its :class:`~replayer.wire.Reply` (``first_token``,
     ``last_token`` in clock time)."""
 
 

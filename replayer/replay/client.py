@@ -15,7 +15,6 @@ import aiohttp
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from replayer._http import IDLE_CLOSE_S as IDLE_CLOSE_S  # re-export: engine.py reads it here
 from replayer._http import out_of_fds
 from replayer.monitor.classify import is_engine_death_message
 from replayer.replay.results import Result, Status
@@ -23,8 +22,10 @@ from replayer.wire import Api, Reply, SSEDecoder, accumulator, api_for_path, err
 
 
 @dataclass(frozen=True)
-class Target:
-    """A server under test."""
+class Endpoint:
+    """Where requests go: a server under test by name and base URL (what
+    the CLI calls a ``--target``). Its lifecycle, when replayer runs the
+    server, is :class:`~replayer.target.base.ServerTarget`'s."""
 
     name: str
     url: str
@@ -51,7 +52,7 @@ class TargetFacts:
     raw: dict[str, Any]
 
 
-async def preflight(session: aiohttp.ClientSession, target: Target) -> TargetFacts:
+async def preflight(session: aiohttp.ClientSession, target: Endpoint) -> TargetFacts:
     """``GET /v1/models``, retried briefly: a refused connection here is an
     infrastructure problem, not a crash of the replay."""
     url = target.url.rstrip("/") + "/v1/models"

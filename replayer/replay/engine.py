@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from replayer import _http
 from replayer._async import spawn
 from replayer._clock import REAL, Clock
 from replayer.monitor.metrics import MetricsWriter
@@ -47,7 +48,7 @@ from replayer.monitor.watch import (
     WatchConfig,
 )
 from replayer.replay import client
-from replayer.replay.client import Target, TargetFacts
+from replayer.replay.client import Endpoint, TargetFacts
 from replayer.replay.plan import Plan
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy
 from replayer.replay.results import Result, ResultsWriter, Status
@@ -106,11 +107,25 @@ class Failure:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class TargetSnapshot:
+    """One target's live state at one instant: what observers read."""
+
+    sent: int
+    inflight: int
+    last_lag_us: int
+    health: str
+    """``failed``, ``healthy``, ``unhealthy``, ``unreachable`` or ``unknown``
+    (the last ``/health`` probe, or the declared failure)."""
+    failure_class: str | None
+    """The classified failure (or the replay's first view of it), once failed."""
+
+
 @dataclass
 class TargetRun:
     """One target's state during a replay."""
 
-    target: Target
+    target: Endpoint
     plan: Plan
     results: list[Result]
     session: aiohttp.ClientSession
@@ -184,7 +199,7 @@ class Replay:
         trace: Trace,
         plan: Plan,
         policy: ReplayPolicy,
-        targets: Sequence[Target],
+        targets: Sequence[Endpoint],
         writer: ResultsWriter,
         *,
         on_tick: Callable[[Replay], None] | None = None,
@@ -251,6 +266,25 @@ class Replay:
             for r in self.plan.rows
         ]
 
+    def snapshot(self) -> dict[str, TargetSnapshot]:
+        """Every target's live state now (cheap; safe to call from an observer)."""
+        out = {}
+        for name, run in list(self.runs.items()):
+            probe = run.watch.health.last() if run.watch is not None else None
+            if run.failure is not None:
+                health = "failed"
+            elif probe is None:
+                health = "unknown"
+            elif probe.status == 200:
+                health = "healthy"
+            else:
+                health = "unhealthy" if probe.status is not None else "unreachable"
+            cls = None
+            if run.failure is not None:
+                cls = run.report.failure_class.value if run.report is not None else run.failure.kind
+            out[name] = TargetSnapshot(run.sent, run.inflight, run.last_lag_us, health, cls)
+        return out
+
     async def preflight(self) -> dict[str, TargetFacts]:
         """Ask every target for its models before anything is scheduled."""
         async with aiohttp.ClientSession() as s:
@@ -265,14 +299,9 @@ class Replay:
         a target's failure: that is a result."""
         n = len(self.plan)
         for t in self.targets:
-            conn = aiohttp.TCPConnector(
-                limit=self.policy.max_inflight or 0,
-                limit_per_host=0,
-                keepalive_timeout=client.IDLE_CLOSE_S,
-            )
             session = aiohttp.ClientSession(
-                connector=conn,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                connector=_http.pooled_connector(self.policy.max_inflight or 0),
+                timeout=_http.streaming_timeout(),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
                 trace_configs=[client.sent_tracing()] if self.policy.order.global_order else None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from replayer.errors import UsageError
+from replayer.errors import OptionError, UsageError
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.trace.reader import Trace
 
@@ -70,7 +70,7 @@ def select(
         rows = [r for r in rows if sess[r] in keep_s]
     if limit is not None:
         if limit < 0:
-            raise UsageError("--limit must be non-negative")
+            raise OptionError("limit", "must not be negative")
         rows = rows[:limit]
     return rows
 

@@ -24,7 +24,7 @@ from replayer import __version__
 from replayer._async import spawn
 from replayer.errors import UsageError
 from replayer.monitor.watch import ProcessProbe, WatchConfig
-from replayer.replay.client import Target, TargetUnreachable
+from replayer.replay.client import Endpoint, TargetUnreachable
 from replayer.replay.engine import Replay
 from replayer.replay.plan import build_plan
 from replayer.replay.policy import ReplayPolicy
@@ -90,7 +90,7 @@ async def replay_to_dir(
     trace: Trace,
     rows: list[int],
     policy: ReplayPolicy,
-    targets: list[Target],
+    targets: list[Endpoint],
     out: Path,
     *,
     command: list[str] | None = None,

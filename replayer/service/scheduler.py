@@ -34,7 +34,7 @@ from pathlib import Path
 import orjson
 
 from replayer._async import spawn, wait_event
-from replayer.minimize.trial import reap_orphan
+from replayer.bisect.trial import reap_orphan
 from replayer.service.jobs import Job, JobState, JobStore
 from replayer.service.progress import OUTCOMES, ProgressReader, last_error_line, result_of
 

@@ -1,4 +1,4 @@
-"""Fakes for the minimizer's tests and users' tests: a runner whose crashes
+"""Fakes for the bisect's tests and users' tests: a runner whose crashes
 are planted (``culprits`` crash with probability ``p``, seeded), so search
 properties can be checked in milliseconds and compared with ground truth."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from replayer.minimize.oracle import Candidate, Outcome, TrialRecord
+from replayer.bisect.oracle import Candidate, Outcome, TrialRecord
 
 
 @dataclass

@@ -36,19 +36,26 @@ def summarize(values: Sequence[int | float]) -> dict[str, Any]:
     }
 
 
-def inspect_trace(trace: Trace) -> dict[str, Any]:
-    sessions = trace.column("session_id")
-    starts = trace.column("start_us")
-    ends = trace.column("end_us")
-    tokens = trace.column("input_tokens")
-    body_bytes = trace.column("body_bytes")
+def inspect_trace(trace: Trace, rows: Sequence[int] | None = None) -> dict[str, Any]:
+    """The trace's shape; of ``rows`` only (a selection) when given."""
+    sel = list(trace.order) if rows is None else list(rows)
+
+    def col(name: str) -> list[Any]:
+        c = trace.column(name)
+        return [c[r] for r in sel]
+
+    sessions = col("session_id")
+    starts = col("start_us")
+    ends = col("end_us")
+    tokens = col("input_tokens")
+    body_bytes = col("body_bytes")
     turns_per_session = Counter(sessions)
-    n = len(trace)
+    n = len(sel)
     first = min(starts) if n else 0
     last = max(max(starts), max((e for e in ends if e is not None), default=0)) if n else 0
     disk = trace.path.stat().st_size
     expanded = sum(body_bytes)
-    return {
+    out = {
         "path": str(trace.path),
         "form": trace.form,
         "schema_version": trace.schema_version,
@@ -58,22 +65,28 @@ def inspect_trace(trace: Trace) -> dict[str, Any]:
         "sessions": len(turns_per_session),
         "turns_per_session": summarize(list(turns_per_session.values())),
         "input_tokens": summarize(tokens),
-        "max_tokens": summarize([m for m in trace.column("max_tokens") if m is not None]),
+        "max_tokens": summarize([m for m in col("max_tokens") if m is not None]),
         "duration_s": (last - first) / 1e6,
-        "kinds": dict(Counter(trace.column("kind"))),
-        "paths": dict(Counter(trace.column("path"))),
-        "models": dict(Counter(m for m in trace.column("model") if m is not None)),
+        "kinds": dict(Counter(col("kind"))),
+        "paths": dict(Counter(col("path"))),
+        "models": dict(Counter(m for m in col("model") if m is not None)),
         "bytes_on_disk": disk,
         "bytes_expanded": expanded,
         "expansion_ratio": (expanded / disk) if disk else None,
-        "keyframes": sum(1 for b in trace.column("base") if b is None),
+        "keyframes": sum(1 for b in col("base") if b is None),
     }
+    if rows is not None:
+        out["selection_of"] = len(trace)
+    return out
 
 
-def prefix_cache_figures(trace: Trace, block_size: int) -> dict[str, Any]:
-    """``inspect --prefix-cache B``: the ideal hit ratio of the blocks rows."""
+def prefix_cache_figures(
+    trace: Trace, block_size: int, selection: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """``inspect --prefix-cache B``: the ideal hit ratio of the blocks rows
+    (of the selection, replayed alone, when given)."""
     kinds = trace.column("kind")
-    rows = [r for r in trace.order if kinds[r] == "blocks"]
+    rows = [r for r in (trace.order if selection is None else selection) if kinds[r] == "blocks"]
     if not rows:
         return {"block_size": block_size, "requests": 0, "hit_ratio": None}
     hits = ideal_prefix_hits(trace, rows, block_size)
@@ -151,7 +164,8 @@ def render_text(info: dict[str, Any]) -> str:
         + ")",
         f"source       {prov.get('source', '?')}  created {prov.get('created_at', '?')}"
         f"  by replayer {prov.get('tool_version', '?')}",
-        f"requests     {info['requests']:,}",
+        f"requests     {info['requests']:,}"
+        + (f"  (selected of {info['selection_of']:,})" if "selection_of" in info else ""),
         f"sessions     {info['sessions']:,}",
         f"turns/sess   {dist(info['turns_per_session'])}",
         f"context tok  {dist(info['input_tokens'])}",

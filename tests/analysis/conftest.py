@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from replayer.monitor.watch import WatchConfig
-from replayer.replay.client import Target
+from replayer.replay.client import Endpoint
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.run import replay_to_dir
@@ -74,10 +74,10 @@ def runs(tmp_path_factory, trace):
         for name, args in (("base", ()), ("again", ()),
                            ("slow", ("--fault", "slow factor=3 when request>=1"))):  # fmt: skip
             e = emu(*args)
-            replay(trace, [Target("b300", e.url)], root / name)
+            replay(trace, [Endpoint("b300", e.url)], root / name)
             out[name] = root / name
         mi, b3 = emu("--fault", "exit when request=60"), emu()
-        replay(trace, [Target("mi355", mi.url), Target("b300", b3.url)], root / "pair")
+        replay(trace, [Endpoint("mi355", mi.url), Endpoint("b300", b3.url)], root / "pair")
         out["pair"] = root / "pair"
     finally:
         for e in emus:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -130,3 +131,15 @@ def test_usage_errors_are_one_line(tmp_path):
         run("import", "mooncake", tmp_path / "nope.jsonl", "-o", tmp_path / "o.arrow"),
         "no such file",
     )
+
+
+def test_inspect_takes_replays_selection(capsys):
+    from replayer.cli import main
+
+    sample = Path(__file__).resolve().parents[2] / "traces" / "agents-8x10.arrow"
+    assert main(["inspect", str(sample), "--sessions", "0..1", "--json"]) == 0
+    info = orjson.loads(capsys.readouterr().out)
+    assert (info["requests"], info["sessions"], info["selection_of"]) == (20, 2, 80)
+    assert info["turns_per_session"]["max"] == 10
+    assert main(["inspect", str(sample), "--limit", "-1"]) == 2
+    assert capsys.readouterr().err == "replayer inspect: error: --limit must not be negative\n"

@@ -11,7 +11,7 @@ import pytest
 from replayer._clock import VirtualClock
 from replayer.monitor.metrics import read_metrics, series
 from replayer.monitor.watch import InFlight, TargetWatch, WatchConfig
-from replayer.replay.client import Target
+from replayer.replay.client import Endpoint
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.results import read_results
@@ -42,7 +42,7 @@ async def run(trace, emu, tmp_path, *, watch=FAST, policy=None):
         trace,
         select(trace),
         policy or ReplayPolicy(timing=Timing.ASAP, request_timeout=20),
-        [Target("e", emu.url)],
+        [Endpoint("e", emu.url)],
         out,
         command=["test"],
         progress=False,

@@ -26,7 +26,7 @@ import pytest
 from replayer._clock import VirtualClock
 from replayer.monitor.watch import WatchConfig
 from replayer.replay import engine
-from replayer.replay.client import Target
+from replayer.replay.client import Endpoint
 from replayer.replay.engine import Replay
 from replayer.replay.plan import build_plan, select
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
@@ -64,7 +64,7 @@ async def test_strict_order_sends_in_trace_order(emulator_factory, tmp_path):
     t = synth(tmp_path, sessions=24, turns=5, context=6_000, rate=40, think=0.01, seed=3)
     emu = emulator_factory(["--speed", "20"], log_bodies=False)  # ~8 ms a request
     out, rows, results = await replay(
-        t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP)
+        t, [Endpoint("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP)
     )
     assert out.exit_code == 0
     rid = t.column("request_id")
@@ -93,7 +93,10 @@ async def test_admitted_order_waits_for_each_streams_headers(emulator_factory, t
     t = synth(tmp_path, sessions=8, turns=3, context=6_000, rate=100, think=0.0, seed=6)
     emu = emulator_factory(["--speed", "20"], log_bodies=False)
     out, rows, results = await replay(
-        t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, order=Order.ADMITTED)
+        t,
+        [Endpoint("e", emu.url)],
+        tmp_path,
+        ReplayPolicy(timing=Timing.ASAP, order=Order.ADMITTED),
     )
     assert out.exit_code == 0
     rid = t.column("request_id")
@@ -108,7 +111,7 @@ async def test_session_order_keeps_each_session_in_order(emulator_factory, tmp_p
     t = synth(tmp_path, sessions=12, turns=6, context=6_000, rate=100, think=0.0, seed=4)
     emu = emulator_factory(["--speed", "20"])
     out, rows, results = await replay(
-        t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, order=Order.SESSION)
+        t, [Endpoint("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, order=Order.SESSION)
     )
     assert out.exit_code == 0
     seen: dict[str, list[int]] = {}
@@ -146,7 +149,9 @@ async def test_recorded_timing_on_a_real_server_is_never_early(emulator_factory,
     starts = [0, 40, 90, 150, 300, 310, 320, 500]
     t = timed_trace(tmp_path, starts)
     emu = emulator_factory(["--speed", "instant"])
-    out, rows, results = await replay(t, [Target("e", emu.url)], tmp_path, ReplayPolicy(speed=2.0))
+    out, rows, results = await replay(
+        t, [Endpoint("e", emu.url)], tmp_path, ReplayPolicy(speed=2.0)
+    )
     assert out.exit_code == 0
     by_id = {r["request_id"]: r for r in results}
     for i, ms in enumerate(starts):
@@ -182,7 +187,7 @@ async def test_recorded_timing_waits_for_the_previous_turn_plus_think_gap(
             )
         )
     emu = emulator_factory(["--decode-time", "0.02"])
-    out, _, results = await replay(Trace.open(p), [Target("e", emu.url)], tmp_path)
+    out, _, results = await replay(Trace.open(p), [Endpoint("e", emu.url)], tmp_path)
     by_id = {r["request_id"]: r for r in results}
     t0, t1 = by_id["t0"], by_id["t1"]
     assert t0["done_us"] > 150_000  # 10 decode steps of 20 ms
@@ -214,7 +219,7 @@ async def test_idle_connections_are_dropped_before_the_server_drops_them(
                 )
             )
     emu = emulator_factory(["--speed", "instant"])
-    await replay(Trace.open(p), [Target("e", emu.url)], tmp_path)
+    await replay(Trace.open(p), [Endpoint("e", emu.url)], tmp_path)
     ports = [e["peer_port"] for e in arrivals(emu)]
     assert len(ports) == 3
     assert ports[1] == ports[0]  # 0.1 s idle: kept alive
@@ -256,7 +261,7 @@ async def test_verbatim_bodies_arrive_as_recorded(emulator_factory, tmp_path):
     emu = emulator_factory(["--speed", "instant"], log_bodies=True)
     for name, t in (("chat", chat), ("blocks", blocks)):
         out, rows, _ = await replay(
-            t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP), name=name
+            t, [Endpoint("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP), name=name
         )
         assert out.exit_code == 0
     log = {e["request_id"]: e for e in arrivals(emu)}
@@ -273,7 +278,7 @@ async def test_without_force_stream_bodies_are_byte_identical(emulator_factory, 
     t = blocks_trace(tmp_path)
     emu = emulator_factory(["--speed", "instant"], log_bodies=True)
     out, rows, results = await replay(
-        t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, force_stream=False)
+        t, [Endpoint("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, force_stream=False)
     )
     assert out.exit_code == 0
     log = {e["request_id"]: e for e in arrivals(emu)}
@@ -288,7 +293,7 @@ async def test_model_override_and_request_headers(emulator_factory, tmp_path):
     t = timed_trace(tmp_path, [0, 1, 2])
     emu = emulator_factory(["--speed", "instant", "--served-model-name", "other"], log_bodies=True)
     out, _, _ = await replay(
-        t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, model="other")
+        t, [Endpoint("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, model="other")
     )
     assert out.exit_code == 0
     # keyed by request id: the three go out at once on three connections, and
@@ -306,7 +311,7 @@ async def test_live_mode_threads_the_targets_replies(emulator_factory, tmp_path)
     emu = emulator_factory(["--speed", "instant"], log_bodies=True)
     out, rows, results = await replay(
         t,
-        [Target("e", emu.url)],
+        [Endpoint("e", emu.url)],
         tmp_path,
         ReplayPolicy(timing=Timing.ASAP, mode=Mode.LIVE, save_output=True),
     )
@@ -333,7 +338,7 @@ async def test_every_request_is_accounted_for_once_per_target(emulator_factory, 
     b = emulator_factory(["--speed", "instant"])
     out, rows, results = await replay(
         t,
-        [Target("a", a.url), Target("b", b.url)],
+        [Endpoint("a", a.url), Endpoint("b", b.url)],
         tmp_path,
         ReplayPolicy(timing=Timing.ASAP),
         limit=10,
@@ -370,7 +375,7 @@ async def vreplay(
         trace,
         build_plan(trace, select(trace), policy),
         policy,
-        [Target(name, f"http://{name}") for name in targets],
+        [Endpoint(name, f"http://{name}") for name in targets],
         writer,
         clock=clock,
         send=server,

@@ -9,7 +9,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from replayer.replay.client import Target
+from replayer.replay.client import Endpoint
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.run import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 
@@ -40,7 +40,7 @@ async def test_failure_stops_dispatch_and_accounts_for_everything(
     t = synth(tmp_path, sessions=1, turns=12, context=8_000, seed=1)
     emu = emulator_factory(["--speed", "20", "--fault", fault])
     policy = ReplayPolicy(timing=Timing.ASAP, request_timeout=2.0)
-    out, rows, results = await replay(t, [Target("e", emu.url)], tmp_path, policy)
+    out, rows, results = await replay(t, [Endpoint("e", emu.url)], tmp_path, policy)
     assert out.exit_code == EXIT_FAILED
     assert len(results) == len(rows) == 12
     rid = t.column("request_id")
@@ -64,7 +64,7 @@ async def test_too_long_context_is_recorded_not_a_failure(emulator_factory, tmp_
     t = synth(tmp_path, sessions=2, turns=4, context=6_000, seed=2)
     emu = emulator_factory(["--speed", "instant", "--max-model-len", "4000"])
     out, rows, results = await replay(
-        t, [Target("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP)
+        t, [Endpoint("e", emu.url)], tmp_path, ReplayPolicy(timing=Timing.ASAP)
     )
     assert out.exit_code == EXIT_OK
     tokens = t.column("input_tokens")
@@ -88,7 +88,7 @@ async def test_skip_over_context_does_not_send(emulator_factory, tmp_path):
     emu = emulator_factory(["--speed", "instant", "--max-model-len", "4000"])
     out, rows, results = await replay(
         t,
-        [Target("e", emu.url)],
+        [Endpoint("e", emu.url)],
         tmp_path,
         ReplayPolicy(timing=Timing.ASAP, skip_over_context=True),
     )
@@ -107,7 +107,7 @@ async def test_two_targets_side_by_side_one_fails(emulator_factory, tmp_path):
     good = emulator_factory(["--speed", "20"])
     out, rows, results = await replay(
         t,
-        [Target("mi355", bad.url), Target("b300", good.url)],
+        [Endpoint("mi355", bad.url), Endpoint("b300", good.url)],
         tmp_path,
         ReplayPolicy(timing=Timing.ASAP),
     )
@@ -131,7 +131,7 @@ async def test_continue_keeps_sending_after_a_failure(emulator_factory, tmp_path
 
     out, rows, results = await replay(
         t,
-        [Target("e", emu.url)],
+        [Endpoint("e", emu.url)],
         tmp_path,
         ReplayPolicy(timing=Timing.ASAP, on_failure=OnFailure.CONTINUE),
     )
@@ -148,7 +148,7 @@ async def test_unreachable_target_exits_3(tmp_path):
     port = s.getsockname()[1]
     s.close()  # nothing listens there
     t = synth(tmp_path, sessions=1, turns=2, context=5_000)
-    out, rows, results = await replay(t, [Target("gone", f"http://127.0.0.1:{port}")], tmp_path)
+    out, rows, results = await replay(t, [Endpoint("gone", f"http://127.0.0.1:{port}")], tmp_path)
     assert out.exit_code == EXIT_UNREACHABLE
     assert "unreachable" in out.summary["unreachable"]
     assert results == []

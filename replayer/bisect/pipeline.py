@@ -24,13 +24,13 @@ rewritten after every improvement, so a stopped bisect leaves a usable one.
 Every trial is journaled (``journal.jsonl``) before the search moves on;
 ``--resume`` replays the journal and continues without repeating a trial.
 
-Who runs a trial is a :class:`~replayer.minimize.runner.Runner`: a real
-target (a :class:`~replayer.minimize.trial.TrialEnv`, wrapped as
-:class:`~replayer.minimize.runner.EnvRunner`) or a user's own oracle, for
+Who runs a trial is a :class:`~replayer.bisect.runner.Runner`: a real
+target (a :class:`~replayer.bisect.trial.TrialEnv`, wrapped as
+:class:`~replayer.bisect.runner.EnvRunner`) or a user's own oracle, for
 the main target and the control alike. The passes are in
-:mod:`~replayer.minimize.stages`, confirmation in
-:mod:`~replayer.minimize.confirm`, the bundle in
-:mod:`~replayer.minimize.manifest`.
+:mod:`~replayer.bisect.stages`, confirmation in
+:mod:`~replayer.bisect.confirm`, the bundle in
+:mod:`~replayer.bisect.manifest`.
 """
 
 from __future__ import annotations
@@ -46,11 +46,10 @@ from typing import Any
 
 import orjson
 
-from replayer.errors import OptionError
-from replayer.minimize import confirm as _confirm
-from replayer.minimize import manifest as _manifest
-from replayer.minimize import stages as _stages
-from replayer.minimize.oracle import (
+from replayer.bisect import confirm as _confirm
+from replayer.bisect import manifest as _manifest
+from replayer.bisect import stages as _stages
+from replayer.bisect.oracle import (
     Budget,
     BudgetExhausted,
     Candidate,
@@ -58,10 +57,11 @@ from replayer.minimize.oracle import (
     Outcome,
     TrialRecord,
 )
-from replayer.minimize.runner import Runner, Trial, as_runner, observed
-from replayer.minimize.stages import STAGES, NotReproducible
-from replayer.minimize.stats import fisher_one_sided
-from replayer.minimize.trial import Chase, NotExercised, TrialEnv
+from replayer.bisect.runner import Runner, Trial, as_runner, observed
+from replayer.bisect.stages import STAGES, NotReproducible
+from replayer.bisect.stats import fisher_one_sided
+from replayer.bisect.trial import Chase, NotExercised, TrialEnv
+from replayer.errors import OptionError
 from replayer.monitor.signature import Signature
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.trace.reader import Trace
@@ -191,7 +191,7 @@ class Bisect:
     """One minimization of one trace with one runner (see the module doc).
 
     ``runner`` is a real target's :class:`TrialEnv` or any
-    :class:`~replayer.minimize.runner.Runner`; ``policy`` (default: the
+    :class:`~replayer.bisect.runner.Runner`; ``policy`` (default: the
     env's) is the replay policy trials start from and the bundle states;
     ``chase`` (default: the env's) pins the failure to chase.
 

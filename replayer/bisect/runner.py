@@ -4,7 +4,7 @@ A bisect asks one question per trial, "does this candidate still crash?", and
 everything else (the search, the journal and resume, the budget, the bundle)
 is the same whoever answers it. :class:`Runner` is that question, as a
 transport is for an HTTP client: :class:`EnvRunner` answers it with a real
-target (launch, replay, watch, classify: :class:`~replayer.minimize.trial.TrialEnv`),
+target (launch, replay, watch, classify: :class:`~replayer.bisect.trial.TrialEnv`),
 and a user's own oracle ("does my kernel test crash on these requests?")
 answers it in-process, in milliseconds, with no server at all.
 
@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from replayer.minimize.oracle import Outcome
-from replayer.minimize.trial import Chase, NotExercised, TrialEnv
+from replayer.bisect.oracle import Outcome
+from replayer.bisect.trial import Chase, NotExercised, TrialEnv
 from replayer.monitor.signature import Signature
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.results import read_results
@@ -106,7 +106,7 @@ class Observation:
 
 class Runner(Protocol):
     """Runs one trial (see the module doc). May raise
-    :class:`~replayer.minimize.trial.NotExercised` to refuse a trace that
+    :class:`~replayer.bisect.trial.NotExercised` to refuse a trace that
     cannot show anything (as the real target does for an all-4xx replay)."""
 
     async def run(self, trial: Trial) -> Outcome | Observation: ...

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replayer.minimize.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
-from replayer.minimize.search import bisect_reduce, shortest_prefix
+from replayer.bisect.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
+from replayer.bisect.search import bisect_reduce, shortest_prefix
 from replayer.testing.fakes import FakeRunner
 
 

@@ -4,7 +4,7 @@ A *trial* replays one candidate on a fresh (or reset) target and ends in one
 of five :class:`Outcome` values, never a boolean. The :class:`Oracle` turns
 outcomes into verdicts: a candidate is interesting on its first ``MATCH``;
 it is dismissed after ``r`` quiet runs, ``r`` from the crash rate measured so
-far (:mod:`replayer.minimize.stats`); ``INFRA`` is retried, then dismissed as
+far (:mod:`replayer.bisect.stats`); ``INFRA`` is retried, then dismissed as
 unresolved. ``OTHER_FAILURE`` is a *new bug*: recorded with its witness,
 never accepted.
 
@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from replayer.minimize.search import bayes_prefix
-from replayer.minimize.stats import repeats_for, wilson
+from replayer.bisect.search import bayes_prefix
+from replayer.bisect.stats import repeats_for, wilson
 
 
 class Outcome(StrEnum):
@@ -104,7 +104,7 @@ class TrialRecord:
 
 class CandidateRunner(Protocol):
     """Runs one trial of a candidate: the bisect's adapter over a
-    :class:`~replayer.minimize.runner.Runner`, or a test's fake."""
+    :class:`~replayer.bisect.runner.Runner`, or a test's fake."""
 
     async def run(self, candidate: Candidate, trial: int, stage: str) -> TrialRecord: ...
 
@@ -312,7 +312,7 @@ class Oracle:
         self, n: int, make: Callable[[int], Candidate], *, stage: str = "prefix"
     ) -> int:
         """The shortest crashing prefix by Bayesian bisection (one run per probe,
-        :func:`~replayer.minimize.search.bayes_prefix`), for a crash too flaky
+        :func:`~replayer.bisect.search.bayes_prefix`), for a crash too flaky
         for :meth:`test`'s repeat rule to be cheap.
 
         The runs pooled before the search (:meth:`crash_rate`) are its prior

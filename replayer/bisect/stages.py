@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from replayer.minimize.oracle import Candidate, Outcome, TrialRecord
-from replayer.minimize.runner import failure_rows, run_failure
-from replayer.minimize.search import bisect_reduce, shortest_prefix
-from replayer.minimize.stats import describe_rate, zero_upper
+from replayer.bisect.oracle import Candidate, Outcome, TrialRecord
+from replayer.bisect.runner import failure_rows, run_failure
+from replayer.bisect.search import bisect_reduce, shortest_prefix
+from replayer.bisect.stats import describe_rate, zero_upper
 from replayer.replay.policy import Timing
 
 if TYPE_CHECKING:
-    from replayer.minimize.pipeline import Bisect
+    from replayer.bisect.pipeline import Bisect
 
 STAGES = ("calibrate", "cut", "prefix", "sessions", "turns", "timing")
 

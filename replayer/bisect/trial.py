@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from replayer.bisect.oracle import Outcome
 from replayer.errors import LaunchError, TargetError
-from replayer.minimize.oracle import Outcome
 from replayer.monitor.signature import Signature, matches_regex, signature_from_log
 from replayer.monitor.watch import WatchConfig
-from replayer.replay.client import Target, is_client_error
+from replayer.replay.client import Endpoint, is_client_error
 from replayer.replay.policy import ReplayPolicy
 from replayer.replay.run import EXIT_UNREACHABLE, RunOutcome, replay_to_dir
 from replayer.replay.summary import rejection_text
@@ -182,7 +182,7 @@ class TrialEnv:
             self.trace,
             rows,
             policy or self.policy,
-            [Target(self.name, self.target.url, self.api_key)],
+            [Endpoint(self.name, self.target.url, self.api_key)],
             out,
             command=command or ["trial"],
             progress=progress,

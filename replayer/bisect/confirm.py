@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from replayer.minimize.oracle import Outcome
-from replayer.minimize.runner import observed
+from replayer.bisect.oracle import Outcome
+from replayer.bisect.runner import observed
 
 if TYPE_CHECKING:
-    from replayer.minimize.pipeline import Bisect
+    from replayer.bisect.pipeline import Bisect
 
 
 async def confirm(b: Bisect) -> None:

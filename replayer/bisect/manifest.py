@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replayer.bisect.confirm import confirm_counts, control_counts
+from replayer.bisect.oracle import Outcome
+from replayer.bisect.stats import fisher_one_sided, rate_dict
 from replayer.bundle.export import write_bundle
-from replayer.minimize.confirm import confirm_counts, control_counts
-from replayer.minimize.oracle import Outcome
-from replayer.minimize.stats import fisher_one_sided, rate_dict
 from replayer.replay.run import sha256_file
 
 if TYPE_CHECKING:
-    from replayer.minimize.pipeline import Bisect
+    from replayer.bisect.pipeline import Bisect
 
 
 def manifest(b: Bisect, status: str) -> dict[str, Any]:

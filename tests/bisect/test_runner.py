@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 
-from replayer.minimize.oracle import Outcome
-from replayer.minimize.pipeline import Bisect, BisectOptions, Control, run_bisect
-from replayer.minimize.runner import FunctionRunner, Observation, Trial
-from replayer.minimize.trial import NotExercised
+from replayer.bisect.oracle import Outcome
+from replayer.bisect.pipeline import Bisect, BisectOptions, Control, run_bisect
+from replayer.bisect.runner import FunctionRunner, Observation, Trial
+from replayer.bisect.trial import NotExercised
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replayer.minimize.stats import (
+from replayer.bisect.stats import (
     describe_rate,
     fisher_one_sided,
     rate_dict,

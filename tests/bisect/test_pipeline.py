@@ -13,9 +13,9 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from replayer.minimize.oracle import Outcome
-from replayer.minimize.pipeline import Bisect, BisectOptions, run_bisect
-from replayer.minimize.trial import TrialEnv
+from replayer.bisect.oracle import Outcome
+from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
+from replayer.bisect.trial import TrialEnv
 from replayer.monitor.watch import WatchConfig
 from replayer.replay.plan import select
 from replayer.replay.policy import Order, ReplayPolicy, Timing

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from replayer.minimize.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
+from replayer.bisect.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
 from replayer.testing.fakes import FakeRunner
 
 FULL = Candidate(tuple(range(10)))
