@@ -8,7 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm")
+BENCHES = (
+    "trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm", "wire",
+    "integrity",
+)  # fmt: skip
 ON_REQUEST = ("loaded",)
 """Run only when named: they take the whole machine for most of an hour."""
 OUT = Path(__file__).resolve().parent / "out"

@@ -30,7 +30,17 @@ def _pytest(marker: str, log: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     with log.open("w") as f:
         rc = subprocess.call(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker],
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--durations=25",
+                "-m",
+                marker,
+            ],
             cwd=ROOT,
             stdout=f,
             stderr=subprocess.STDOUT,

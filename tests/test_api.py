@@ -114,3 +114,36 @@ def test_every_public_name_resolves_and_import_stays_cheap():
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert heavy.stdout.strip() == "[]"
+
+
+def test_check_is_one_classified_trial(tmp_path):
+    port = _free_port()
+    server = api.Server(
+        launch=f"{sys.executable} -m replayer.emulator --port {port} --speed instant "
+        "--fault 'exit gpu=hip when request=6'"
+    )
+    policy = ReplayPolicy(timing=Timing.ASAP, order=replayer.Order.ADMITTED)
+    got = api.check_sync(
+        TRACE, server, policy, selection=Selection(sessions="0..1"), out=tmp_path / "crash"
+    )
+    assert got.outcome is replayer.Outcome.MATCH
+    assert got.failure_class is replayer.FailureClass.PROCESS_EXIT
+    assert got.signature is not None and "HIP" in got.signature.text
+    assert got.run is not None and got.run.status is RunStatus.FAILED
+    assert got.run.failure is not None and got.run.failure.signature == got.signature
+    # the 6th request the server admitted is the 6th of the selection, in trace order
+    t = api.open_trace(TRACE)
+    rows = [r for r in t.order if t.column("session_id")[r] in ("synth-00000", "synth-00001")]
+    assert got.run.failure.request_id == t.column("request_id")[rows[5]]
+    clean = api.check_sync(
+        TRACE,
+        api.Server(launch=f"{sys.executable} -m replayer.emulator --port {port} --speed instant"),
+        policy,
+        selection=Selection(sessions="0..1"),
+        out=tmp_path / "clean",
+    )
+    assert (clean.outcome, clean.failure_class, clean.run.status) == (
+        replayer.Outcome.PASS,
+        None,
+        RunStatus.SURVIVED,
+    )
