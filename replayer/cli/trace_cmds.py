@@ -37,9 +37,8 @@ def register(sub: Any) -> None:
         fp.set_defaults(func=cmd_import, importer=name)
 
     p = sub.add_parser("synth", help="synthesize agent sessions into a trace")
-    from replayer.trace import synth
 
-    synth.add_arguments(p)
+    _add_synth_arguments(p)
     p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.arrow")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.set_defaults(func=cmd_synth)
@@ -112,6 +111,68 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _add_synth_arguments(p: argparse.ArgumentParser) -> None:
+    from replayer.trace.synth import SynthOptions
+
+    d = SynthOptions()
+    p.add_argument("--sessions", type=int, default=d.sessions, help="number of sessions")
+    p.add_argument("--turns", type=int, default=d.turns, help="requests per session")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=d.context,
+        help="context tokens of each session's last request",
+    )
+    p.add_argument(
+        "--system-tokens",
+        type=int,
+        default=d.system_tokens,
+        help="tokens of the system prompt shared by all sessions",
+    )
+    p.add_argument("--tools", type=int, default=d.tools, help="tool schemas shared by all sessions")
+    p.add_argument(
+        "--reply-tokens", type=int, default=d.reply_tokens, help="mean tokens of an assistant reply"
+    )
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="max_tokens of every body")
+    p.add_argument("--payload", choices=("chat", "blocks"), default=d.payload)
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per block")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=d.rate,
+        help="session arrivals per second (Poisson; 0 = all at once)",
+    )
+    p.add_argument("--think", type=float, default=d.think, help="mean think time in seconds")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--model", default=d.model, help="model name written into the bodies")
+
+
+def _synth_options(args: argparse.Namespace) -> Any:
+    from replayer.trace.synth import SynthOptions
+
+    o = SynthOptions(
+        sessions=args.sessions,
+        turns=args.turns,
+        context=args.context,
+        system_tokens=args.system_tokens,
+        tools=args.tools,
+        reply_tokens=args.reply_tokens,
+        max_tokens=args.max_tokens,
+        payload=args.payload,
+        block_size=args.block_size,
+        rate=args.rate,
+        think=args.think,
+        seed=args.seed,
+        model=args.model,
+    )
+    if not o.roomy():
+        raise UsageError(
+            f"--context {o.context} is too small for --system-tokens {o.system_tokens} "
+            f"and {o.turns} turns"
+        )
+    return o
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from replayer._files import atomic_output
     from replayer.trace.importers import details, load
@@ -152,7 +213,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from replayer.trace import synth
 
     with atomic_output(args.output, force=args.force) as tmp:
-        n = synth.write_trace(tmp, synth.options_from(args))
+        n = synth.write_trace(tmp, _synth_options(args))
     _progress(f"synthesized {n:,} requests into {args.output}")
     return 0
 

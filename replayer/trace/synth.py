@@ -13,7 +13,6 @@ are shared across sessions). Everything is a pure function of ``--seed``.
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import random
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from replayer.errors import OptionError
 from replayer.trace.schema import Kind
 from replayer.trace.tokens import approx_message_tokens
 from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
@@ -57,69 +57,18 @@ class SynthOptions:
     model: str = "replayer-synth"
     pool_chars: int = 1 << 22
 
+    def roomy(self) -> bool:
+        """Whether ``context`` leaves the turns room to grow (else every turn
+        is clamped to it: fine for tests, surprising from the CLI)."""
+        return self.context > self.system_tokens + (self.reply_tokens + 80) * self.turns + 300
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SynthOptions()
-    p.add_argument("--sessions", type=int, default=d.sessions, help="number of sessions")
-    p.add_argument("--turns", type=int, default=d.turns, help="requests per session")
-    p.add_argument(
-        "--context",
-        type=int,
-        default=d.context,
-        help="context tokens of each session's last request",
-    )
-    p.add_argument(
-        "--system-tokens",
-        type=int,
-        default=d.system_tokens,
-        help="tokens of the system prompt shared by all sessions",
-    )
-    p.add_argument("--tools", type=int, default=d.tools, help="tool schemas shared by all sessions")
-    p.add_argument(
-        "--reply-tokens", type=int, default=d.reply_tokens, help="mean tokens of an assistant reply"
-    )
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="max_tokens of every body")
-    p.add_argument("--payload", choices=("chat", "blocks"), default=d.payload)
-    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per block")
-    p.add_argument(
-        "--rate",
-        type=float,
-        default=d.rate,
-        help="session arrivals per second (Poisson; 0 = all at once)",
-    )
-    p.add_argument("--think", type=float, default=d.think, help="mean think time in seconds")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--model", default=d.model, help="model name written into the bodies")
-
-
-def options_from(args: argparse.Namespace) -> SynthOptions:
-    from replayer.errors import UsageError
-
-    o = SynthOptions(
-        sessions=args.sessions,
-        turns=args.turns,
-        context=args.context,
-        system_tokens=args.system_tokens,
-        tools=args.tools,
-        reply_tokens=args.reply_tokens,
-        max_tokens=args.max_tokens,
-        payload=args.payload,
-        block_size=args.block_size,
-        rate=args.rate,
-        think=args.think,
-        seed=args.seed,
-        model=args.model,
-    )
-    if o.sessions < 1 or o.turns < 1:
-        raise UsageError("--sessions and --turns must be at least 1")
-    if o.context <= o.system_tokens + (o.reply_tokens + 80) * o.turns + 300:
-        raise UsageError(
-            f"--context {o.context} is too small for --system-tokens {o.system_tokens} "
-            f"and {o.turns} turns"
-        )
-    if o.block_size < 1:
-        raise UsageError("--block-size must be positive")
-    return o
+    def __post_init__(self) -> None:
+        if self.sessions < 1:
+            raise OptionError("sessions", "must be at least 1")
+        if self.turns < 1:
+            raise OptionError("turns", "must be at least 1")
+        if self.block_size < 1:
+            raise OptionError("block_size", "must be positive")
 
 
 class _Text:
