@@ -25,7 +25,6 @@ so the watch runs on a test's virtual clock as exactly as the scheduler.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -285,8 +284,12 @@ class TargetWatch:
     async def stop(self) -> None:
         self._stop.set()
         for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await t
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # our caller is being cancelled, not just this watcher
         await self.health.close()
         if self.failed_at is None and self.config.scrape_target:
             await self.scraper.final()

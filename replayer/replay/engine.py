@@ -25,7 +25,6 @@ replayer's own).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +104,12 @@ class Failure:
             "request_id": self.request_id,
             "seq": self.seq,
         }
+
+
+def _cancelling() -> bool:
+    """The current task itself is being cancelled (not only what it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,8 +574,19 @@ class Replay:
             task = spawn(self._send(run, i, at, body), name=f"send-{run.target.name}-{i}")
             run.tasks.add(task)
             task.add_done_callback(run.tasks.discard)
-            with contextlib.suppress(asyncio.CancelledError):
-                await task  # its completion is the session's next dependency
+            try:
+                # its completion is the session's next dependency; shielded: a
+                # cancel of this loop (Ctrl-C cancels the task group) must not
+                # cancel the send behind the run's back, which then left its
+                # row unrecorded; the run aborts it and records why
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                # the send was aborted (hang watchdog, interrupt): the session
+                # goes on or stops as the run says. A cancel of this loop itself
+                # stops it here: swallowed, the loop sent its next turn into a
+                # hung server and the interrupt waited for that
+                if _cancelling():
+                    raise
 
     async def _send(
         self,

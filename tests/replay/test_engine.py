@@ -23,6 +23,7 @@ import hashlib
 import orjson
 import pytest
 
+from replayer._async import spawn
 from replayer._clock import VirtualClock
 from replayer.monitor.watch import WatchConfig
 from replayer.replay import engine
@@ -655,3 +656,43 @@ async def test_a_long_prefill_gets_its_allowance_and_no_more(tmp_path):
     )
     f = hung.runs["e"].failure
     assert f is not None and (f.kind, f.at_us) == ("hang", 9_000_000)
+
+
+@pytest.mark.parametrize("order", [Order.SESSION, Order.STRICT])
+async def test_an_interrupt_during_a_hung_turn_sends_nothing_more(tmp_path, order):
+    # Ctrl-C cancels the replay while a session waits on its hung first turn:
+    # the session must stop there. (A session loop once took the cancel for
+    # its send's, went on to the next turn, sent it into the hung server and
+    # the interrupt waited on it.)
+    import asyncio
+
+    t = session_trace(tmp_path, {"a": [(0, 10), (20, 30), (40, 50)], "b": [(5, 15)]})
+    policy = ReplayPolicy(timing=Timing.ASAP, order=order)
+    clock = VirtualClock(limit=3600)
+    hung = {"a-0"}
+    server = FakeServer(clock, lambda rid: Script(hang_after=0 if rid in hung else None))
+    writer = ResultsWriter(tmp_path / "r.arrow")
+    replay = Replay(
+        t,
+        build_plan(t, select(t), policy),
+        policy,
+        [Endpoint("e", "http://e")],
+        writer,
+        clock=clock,
+        send=server,
+    )
+    task = spawn(replay.run(), name="replay")
+    async with asyncio.timeout(30):  # wall-clock bound on the test itself
+        while {a.request_id for a in server.arrivals} != {"a-0", "b-0"}:
+            await clock.settle()
+            await asyncio.sleep(0)
+        await clock.settle()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    writer.close()
+    assert sorted(a.request_id for a in server.arrivals) == ["a-0", "b-0"]
+    got = {r.request_id: (r.status.value, r.error_class) for r in replay.runs["e"].results}
+    assert got["a-0"] == ("timeout", "interrupted")
+    assert got["a-1"] == got["a-2"] == ("not_sent_after_crash", "interrupted")
+    assert got["b-0"] == ("ok", None)
