@@ -10,7 +10,7 @@ from pathlib import Path
 
 BENCHES = (
     "trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm", "wire",
-    "integrity",
+    "integrity", "bisect_fake",
 )  # fmt: skip
 ON_REQUEST = ("loaded",)
 """Run only when named: they take the whole machine for most of an hour."""

@@ -2,7 +2,8 @@
 planted pair of requests is replayed no faster than 4x: the exact pair, the
 trials each stage may spend, the journal, resume, a flaky crash, a budget,
 another bug, and the public runner used the way a user would. No server, no
-process, no socket: the whole bisect runs well under a second."""
+process, no socket (a guard refuses them): the whole bisect takes well under a
+CPU second (``python -m bench bisect_fake``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 import random
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -155,10 +155,8 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     out = tmp_path / "b"
     runner, control = PlantedPair(), PlantedPair(pair=("nowhere",))
     b = bisect(trace, out, runner, control=Control("clean", control))
-    t0, cpu0 = time.perf_counter(), time.process_time()
     with no_processes_or_sockets():
         res = await run_bisect(b)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
 
     assert res.status == "complete"
     assert ids_of(trace, b, res.best.positions) == list(PAIR)
@@ -215,8 +213,7 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     assert (m["reproduction"]["crashes"], m["reproduction"]["runs"]) == (4, 4)
     assert m["control"]["name"] == "clean" and m["control"]["p_value"] < 0.05
     assert (m["policy"]["timing"], m["policy"]["speed"]) == ("recorded", 4.0)
-    # CPU time: on a shared machine the journal's fsyncs may wait on others' disk
-    assert cpu < 1.0, f"{cpu:.2f} s of CPU ({wall:.2f} s wall)"
+    # how long it takes is a figure, not an assertion: python -m bench bisect_fake
 
 
 async def reference(trace, tmp_path, **kw) -> tuple[Bisect, list[Trial]]:
