@@ -86,6 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (
         args.command in INTERRUPTIBLE
         and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        # a shell starts background jobs (``replayer replay ... &``, CI steps)
+        # with SIGINT ignored: then neither kill -INT nor SIGTERM (delivered
+        # as SIGINT below) would stop the run and save what it measured
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if (
+        args.command in INTERRUPTIBLE
+        and threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     ):
         # asyncio.run cancels the main task on SIGINT: launched servers are
