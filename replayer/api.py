@@ -352,13 +352,6 @@ class Server:
         )
 
 
-def _model(trace: Trace, rows: list[int], policy: ReplayPolicy) -> str | None:
-    if policy.model:
-        return policy.model
-    models = {trace.column("model")[r] for r in rows} - {None}
-    return next(iter(models)) if len(models) == 1 else None
-
-
 @dataclass(frozen=True)
 class CheckResult:
     """One trial: did the trace show the chased failure?"""
@@ -403,7 +396,7 @@ async def check(
     rows = _rows(t, selection)
     pol = policy or ReplayPolicy()
     run_dir = prepare_out(Path(out) if out is not None else None, force)
-    target = server.target(run_dir / "server.log", _model(t, rows, pol))
+    target = server.target(run_dir / "server.log", t.model_of(rows, pol.model))
     env = TrialEnv(
         trace=t,
         policy=pol,
@@ -488,7 +481,7 @@ async def bisect(
     rows = _rows(t, selection)
     pol = policy or ReplayPolicy()
     d = _bisect_dir(Path(out), resume)
-    model = _model(t, rows, pol)
+    model = t.model_of(rows, pol.model)
     chase = Chase(regex=compile_signature_regex(signature) if signature else None)
 
     def env_for(s: Server, name: str, log: str, marks: Mapping[str, str] | None) -> TrialEnv:

@@ -23,6 +23,7 @@ from replayer.errors import OptionError
 from replayer.monitor.watch import WatchConfig
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
 from replayer.target.base import ResetMode
+from replayer.target.base import reset_mode as reset_mode  # the builders are all here
 
 
 def duration(text: str) -> float:
@@ -199,6 +200,15 @@ SELECTION = Group(
     ),
 )
 
+READY_TIMEOUT = _f(
+    "ready_timeout",
+    1800.0,
+    "S",
+    "seconds to wait for /health and /v1/models after a launch or restart "
+    "(default 1800: big models load for minutes)",
+)
+"""One declaration for every command that starts a server."""
+
 SERVER = Group(
     "target (one of --launch, --restart-cmd + --url, --url, --target)",
     (
@@ -227,12 +237,7 @@ SERVER = Group(
             metavar="CMD",
             help="print the server's log (with --restart-cmd or --url)",
         ),
-        _f(
-            "ready_timeout",
-            1800.0,
-            "S",
-            "wait S seconds for /health and /v1/models (default 1800: big models)",
-        ),
+        READY_TIMEOUT,
         Opt(
             "reset",
             default="restart",
@@ -446,14 +451,6 @@ def bisect_options(values: Mapping[str, Any]) -> BisectOptions:
     )
 
 
-def reset_mode(value: str | ResetMode) -> ResetMode:
-    try:
-        return ResetMode(value)
-    except ValueError:
-        have = ", ".join(m.value for m in ResetMode)
-        raise OptionError("reset", f"{value!r}: expected one of {have}") from None
-
-
 def url(param: str, value: str | None) -> str | None:
     if value is not None and not value.startswith(("http://", "https://")):
         raise OptionError(param, f"{value!r}: must start with http:// or https://")
@@ -472,12 +469,7 @@ LAUNCHED_REPLAY = Group(
             help="start the server with CMD, wait until ready, replay, stop it; its log "
             "goes to RUN/server.log and a crash gets a signature",
         ),
-        _f(
-            "ready_timeout",
-            1800.0,
-            "S",
-            "with --launch: seconds to wait for /health and /v1/models",
-        ),
+        READY_TIMEOUT,
         Opt(
             "keep_running",
             None,

@@ -15,7 +15,7 @@ from typing import Any
 
 from replayer import options
 from replayer.cli.args import add_group
-from replayer.cli.check import add_lifecycle_arguments, target_from, trace_model
+from replayer.cli.check import add_lifecycle_arguments, target_from
 from replayer.cli.replay import (
     add_metrics_arguments,
     add_monitor_arguments,
@@ -127,7 +127,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     trace.verify(rows)  # nothing is sent before the selection reads
     if not rows:
         raise UsageError("the selection is empty: nothing to bisect")
-    model = trace_model(trace, rows, policy.model)
+    model = trace.model_of(rows, policy.model)
     # launched servers carry this bisect's mark so a resume can reap one a kill orphaned
     owner = {OWNER_ENV: owner_token(out)}
     target, key = target_from(args, out / "server.log", model, marks=owner)

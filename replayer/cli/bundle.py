@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from replayer import options
-from replayer.cli.check import add_lifecycle_arguments, target_from, trace_model
+from replayer.cli.check import add_lifecycle_arguments, target_from
 from replayer.cli.replay import (
     add_monitor_arguments,
     add_policy_arguments,
@@ -144,7 +144,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     rows = list(trace.order)
     trace.verify(rows)  # nothing is sent before the selection reads
     out = _out_dir(args.out, d, "verify")
-    target, key = target_from(args, out / "server.log", trace_model(trace, rows, policy.model))
+    target, key = target_from(args, out / "server.log", trace.model_of(rows, policy.model))
     env = TrialEnv(
         trace=trace,
         policy=policy,
@@ -198,7 +198,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     out = _out_dir(args.out, Path("runs"), "soak")
-    target, key = target_from(args, out / "server.log", trace_model(trace, rows, policy.model))
+    target, key = target_from(args, out / "server.log", trace.model_of(rows, policy.model))
     env = TrialEnv(
         trace=trace,
         policy=policy,

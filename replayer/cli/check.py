@@ -91,13 +91,6 @@ def target_from(
     return target, key
 
 
-def trace_model(trace: Any, rows: list[int], override: str | None) -> str | None:
-    if override:
-        return override
-    models = {trace.column("model")[r] for r in rows} - {None}
-    return next(iter(models)) if len(models) == 1 else None
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "check",
@@ -177,7 +170,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     out = prepare_out(args.out, args.force)
-    target, key = target_from(args, out / "server.log", trace_model(trace, rows, policy.model))
+    target, key = target_from(args, out / "server.log", trace.model_of(rows, policy.model))
 
     async def go() -> Any:
         env = TrialEnv(

@@ -41,7 +41,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from replayer._clock import REAL, Clock
-from replayer.errors import LaunchError, TargetError, UsageError
+from replayer.errors import LaunchError, OptionError, TargetError
 from replayer.monitor.logs import last_launch
 from replayer.target.facts import ServerFacts, gather_facts
 
@@ -67,7 +67,7 @@ def reset_mode(value: str | ResetMode) -> ResetMode:
         return ResetMode(value)
     except ValueError:
         have = ", ".join(m.value for m in ResetMode)
-        raise UsageError(f"--reset {value!r}: expected one of {have}") from None
+        raise OptionError("reset", f"{value!r}: expected one of {have}") from None
 
 
 @dataclass(frozen=True, slots=True)

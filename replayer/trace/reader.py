@@ -308,6 +308,14 @@ class Trace:
             self._cols[name] = col
         return col
 
+    def model_of(self, rows: Iterable[int], override: str | None = None) -> str | None:
+        """The one model these rows name (what a launched server must serve);
+        None when they name none or several. ``override`` wins."""
+        if override:
+            return override
+        models = {self.column("model")[r] for r in rows} - {None}
+        return next(iter(models)) if len(models) == 1 else None
+
     @property
     def order(self) -> list[int]:
         """Rows in trace order: by recorded start, ties by row (stable)."""

@@ -255,12 +255,14 @@ def test_out_of_file_descriptors_is_the_replayers_limit_not_a_crash(emulator_fac
 
 def test_cached_tokens_come_from_metrics_when_responses_carry_none(emulator_factory, tmp_path):
     """Without --enable-prompt-tokens-details the server reports no cached
-    tokens per request; the summary takes the run's prefix-cache counters."""
+    tokens per request; the summary takes the run's prefix-cache counters.
+    One request in flight: the two runs then reach the cache in one order,
+    whatever the machine's load (concurrent sessions race for shared blocks)."""
     emu = emulator_factory(["--speed", "instant"])
     res = run(
         "replay",
         SAMPLE,
-        *("--target", emu.url, "--timing", "asap", "--limit", "20"),
+        *("--target", emu.url, "--timing", "asap", "--limit", "20", "--max-inflight", "1"),
         *("--scrape-interval", "0.2", "--out", tmp_path / "r", "--json"),
     )
     assert res.returncode == 0, res.stderr
@@ -274,7 +276,7 @@ def test_cached_tokens_come_from_metrics_when_responses_carry_none(emulator_fact
         "replay",
         SAMPLE,
         *("--target", with_details.url, "--timing", "asap", "--limit", "20"),
-        *("--out", tmp_path / "r2", "--json"),
+        *("--max-inflight", "1", "--out", tmp_path / "r2", "--json"),
     )
     t2 = orjson.loads(res.stdout)["targets"]["target"]
     assert t2["cached_tokens_source"] == "responses"
