@@ -10,7 +10,7 @@ from pathlib import Path
 
 BENCHES = (
     "trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm", "wire",
-    "integrity", "bisect_fake",
+    "integrity", "bisect_fake", "agent_kinds",
 )  # fmt: skip
 ON_REQUEST = ("loaded",)
 """Run only when named: they take the whole machine for most of an hour."""

@@ -135,6 +135,13 @@ def _add_synth_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="max_tokens of every body")
     p.add_argument("--payload", choices=("chat", "blocks"), default=d.payload)
+    p.add_argument(
+        "--api",
+        choices=("chat", "messages", "responses"),
+        default=d.api,
+        help="wire format of chat payloads: OpenAI chat completions (default), Anthropic "
+        "Messages (Claude Code's shape) or OpenAI Responses (Codex's shape)",
+    )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per block")
     p.add_argument(
         "--rate",
@@ -159,6 +166,7 @@ def _synth_options(args: argparse.Namespace) -> Any:
         reply_tokens=args.reply_tokens,
         max_tokens=args.max_tokens,
         payload=args.payload,
+        api=args.api,
         block_size=args.block_size,
         rate=args.rate,
         think=args.think,

@@ -14,6 +14,10 @@ History:
   (:mod:`replayer.trace.integrity`). v1 batches have none; the columns are
   the same, so the step only relabels the schema. Digests of a v1 trace
   come only from rewriting it.
+- v2 -> v3: payload kinds ``messages`` (Anthropic Messages) and
+  ``responses`` (OpenAI Responses). No v2 row has them, so the step only
+  relabels the schema; a v2 reader meeting a v3 trace says to upgrade
+  instead of misreading a kind it does not know.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ def _same(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 MIGRATIONS: dict[int, Migration] = {
     1: Migration(1, "batches gain column digests (none to check in v1)", _relabel(2), _same),
+    2: Migration(2, "payload kinds messages and responses (none in v2)", _relabel(3), _same),
 }
 
 FIRST_VERSION = 1

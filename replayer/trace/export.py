@@ -43,6 +43,10 @@ _AIPERF_OWN = {
 }
 
 
+_NOT_AIPERF = frozenset({Kind.RAW, Kind.MESSAGES, Kind.RESPONSES})
+"""Kinds a mooncake_trace row cannot carry (it knows chat messages only)."""
+
+
 def _ms(us: int) -> int | float:
     return us // 1000 if us % 1000 == 0 else round(us / 1000, 3)
 
@@ -80,7 +84,7 @@ def aiperf_lines(
     unique: dict[tuple[str, int], int] = {}
     for row in trace.order if rows is None else rows:
         kind = Kind(c("kind")[row])
-        if kind is Kind.RAW:
+        if kind in _NOT_AIPERF:
             skipped.append(c("request_id")[row])
             continue
         out: dict[str, Any] = {

@@ -407,7 +407,7 @@ class Trace:
         return self._batch(k).column(name)[row - self._batch_starts[k]].as_py()
 
     def _appended(self, row: int, kind: Kind, cell: _Cell) -> Any:
-        if kind is Kind.CHAT:
+        if kind.itemized:
             return cell(row, "messages") or []
         if kind is Kind.TEXT:
             return cell(row, "text") or ""
@@ -483,7 +483,7 @@ class Trace:
         return text
 
     def _content_json(self, row: int, kind: Kind, content: Any) -> str:
-        if kind is Kind.CHAT:
+        if kind.itemized:
             return cx.chat_json(content)
         if kind is Kind.TEXT:
             return orjson.dumps(content).decode()

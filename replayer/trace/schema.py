@@ -1,4 +1,4 @@
-"""Trace format v2: the contract every stage reads and writes.
+"""Trace format v3: the contract every stage reads and writes.
 
 A trace is an Apache Arrow IPC stream or file (zstd-compressed buffers), one
 row per request. Row order is storage order; *trace order* is ``start_us``
@@ -6,11 +6,12 @@ with ties broken by row (see :attr:`replayer.trace.reader.Trace.order`).
 
 Bodies are delta-encoded: a row stores only what it adds to an earlier row
 (``base``), keeping the first ``keep`` units of that row's content (messages
-for ``chat``, characters for ``text``, block ids for ``blocks``) and appending
-its own. ``params`` holds the rest of the body as JSON, with the content key
-present as ``null`` at its recorded position; a null ``params`` means "same as
-the base's". ``raw`` rows (bodies of no known shape) keep the whole body in
-``params`` and never delta.
+for ``chat`` and ``messages``, input items for ``responses``, characters for
+``text``, block ids for ``blocks``) and appending its own. ``params`` holds
+the rest of the body as JSON (``system``, ``instructions``, ``tools`` …), in
+its recorded key order, with the content key present as ``null`` at its
+recorded position; a null ``params`` means "same as the base's". ``raw`` rows
+(bodies of no known shape) keep the whole body in ``params`` and never delta.
 
 Every column is a plain Arrow type, so duckdb, polars and pandas read a trace
 without replayer. Low-cardinality strings (session, path, kind, model, block
@@ -22,7 +23,8 @@ of ``blocks`` rows).
 
 Each record batch's custom metadata carries ``replayer.schema_digest`` and
 ``replayer.column_digests`` (v2; see :mod:`replayer.trace.integrity`). v1 is
-v2 without them; :mod:`replayer.trace.compat` migrates it on open.
+v2 without them; v2 is v3 without the ``messages`` and ``responses`` kinds;
+:mod:`replayer.trace.compat` migrates both on open.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from enum import StrEnum
 
 import pyarrow as pa
 
-TRACE_SCHEMA_VERSION = 2
+TRACE_SCHEMA_VERSION = 3
 FORMAT_NAME = "replayer-trace"
 
 META_FORMAT = b"replayer.format"
@@ -52,12 +54,34 @@ class Kind(StrEnum):
     """A completions prompt string."""
     BLOCKS = "blocks"
     """A token-id prompt synthesized from content-block hash ids."""
+    MESSAGES = "messages"
+    """Anthropic Messages: ``messages`` (content blocks, tool use and results,
+    thinking with signatures); ``system``, ``tools``, ``thinking`` … in params."""
+    RESPONSES = "responses"
+    """OpenAI Responses: the ``input`` items (messages, function calls and
+    outputs, reasoning); ``instructions``, ``tools`` … in params."""
     RAW = "raw"
     """Any other JSON body, stored whole in ``params``."""
 
     @property
     def content_key(self) -> str | None:
-        return {"chat": "messages", "text": "prompt", "blocks": "prompt"}.get(self.value)
+        return _CONTENT_KEYS.get(self.value)
+
+    @property
+    def itemized(self) -> bool:
+        """Content is a list of JSON items (messages or input items), stored
+        one JSON text each in the ``messages`` column."""
+        return self.value in _ITEMIZED
+
+
+_CONTENT_KEYS = {
+    "chat": "messages",
+    "text": "prompt",
+    "blocks": "prompt",
+    "messages": "messages",
+    "responses": "input",
+}
+_ITEMIZED = frozenset({"chat", "messages", "responses"})
 
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -71,11 +95,16 @@ FIELDS: list[tuple[str, pa.DataType, bool, str]] = [
     ("end_us", pa.int64(), True, "recorded end (last byte), microseconds from trace start"),
     ("path", _DICT, False, "endpoint path, e.g. /v1/chat/completions"),
     ("model", _DICT, True, "the body's model"),
-    ("kind", _DICT, False, "payload kind: chat | text | blocks | raw"),
+    ("kind", _DICT, False, "payload kind: chat | text | blocks | messages | responses | raw"),
     # delta encoding
     ("base", pa.int64(), True, "row index of the delta base (an earlier row), null = keyframe"),
     ("keep", pa.int64(), False, "units of the base's content kept before the appended part"),
-    ("messages", pa.list_(pa.string()), True, "chat: appended messages, one JSON text each"),
+    (
+        "messages",
+        pa.list_(pa.string()),
+        True,
+        "chat, messages: appended messages; responses: appended input items; one JSON text each",
+    ),
     ("text", pa.string(), True, "text: appended prompt characters"),
     ("blocks", pa.list_(pa.int64()), True, "blocks: appended block hash ids"),
     ("block_size", pa.int32(), True, "blocks: tokens per block"),
@@ -83,7 +112,7 @@ FIELDS: list[tuple[str, pa.DataType, bool, str]] = [
     ("params", pa.string(), True, "JSON body minus content (content key = null); null = base's"),
     # derived, for queries and planning
     ("input_tokens", pa.int64(), False, "prompt tokens: exact for blocks, else recorded or approx"),
-    ("max_tokens", pa.int64(), True, "max_tokens / max_completion_tokens of the body"),
+    ("max_tokens", pa.int64(), True, "max_tokens / max_completion_tokens / max_output_tokens"),
     ("stream", pa.bool_(), True, "the body's stream flag"),
     ("body_bytes", pa.int64(), False, "length of the expanded compact JSON body"),
     ("body_sha256", pa.string(), True, "sha256 of the raw body bytes as recorded (recorder only)"),
@@ -93,9 +122,9 @@ FIELDS: list[tuple[str, pa.DataType, bool, str]] = [
     ("finish_reason", pa.string(), True, "recorded finish reason"),
     ("output_text", pa.string(), True, "recorded response text"),
     ("output_tool_calls", pa.string(), True, "recorded response tool calls (JSON)"),
-    ("usage_prompt_tokens", pa.int64(), True, "recorded usage.prompt_tokens"),
-    ("usage_completion_tokens", pa.int64(), True, "recorded usage.completion_tokens"),
-    ("usage_cached_tokens", pa.int64(), True, "recorded usage.prompt_tokens_details.cached_tokens"),
+    ("usage_prompt_tokens", pa.int64(), True, "recorded prompt (input) tokens"),
+    ("usage_completion_tokens", pa.int64(), True, "recorded completion (output) tokens"),
+    ("usage_cached_tokens", pa.int64(), True, "recorded cached prompt tokens"),
     ("error", pa.string(), True, "recorded error message"),
     ("meta", pa.string(), True, "source-specific extras (JSON)"),
 ]

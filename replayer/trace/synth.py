@@ -9,6 +9,13 @@ context. Sessions arrive as a Poisson process; turns are separated by
 exponential think times. ``chat`` payloads carry filler text; ``blocks``
 payloads carry the same structure as content-block ids (shared prefix blocks
 are shared across sessions). Everything is a pure function of ``--seed``.
+
+``api`` picks the wire format of ``chat`` payloads: OpenAI chat completions,
+Anthropic Messages (top-level ``system``, ``tool_use``/``tool_result``
+blocks: what Claude Code sends) or OpenAI Responses (``instructions``,
+``function_call``/``function_call_output`` items: what Codex sends). The
+session is the same in all three: same texts, sizes and turns (timing
+differs by the microseconds each framing's token count moves it).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import orjson
 
 from replayer.errors import OptionError
 from replayer.trace.schema import Kind
-from replayer.trace.tokens import approx_message_tokens
+from replayer.trace.tokens import approx_item_tokens, approx_message_tokens, approx_text_tokens
 from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
 
 CHARS_PER_TOKEN = 4
@@ -50,6 +57,8 @@ class SynthOptions:
     reply_tokens: int = 120
     max_tokens: int = 1_024
     payload: str = "chat"
+    api: str = "chat"
+    """chat payloads as ``chat`` (completions), ``messages`` or ``responses``."""
     block_size: int = 64
     rate: float = 0.5
     think: float = 5.0
@@ -69,6 +78,10 @@ class SynthOptions:
             raise OptionError("turns", "must be at least 1")
         if self.block_size < 1:
             raise OptionError("block_size", "must be positive")
+        if self.api not in APIS:
+            raise OptionError("api", f"{self.api!r}: expected one of {', '.join(APIS)}")
+        if self.api != "chat" and self.payload != "chat":
+            raise OptionError("api", f"{self.api} needs chat payloads (blocks are completions)")
 
 
 class _Text:
@@ -149,20 +162,166 @@ class _Shared:
     def __init__(self, o: SynthOptions) -> None:
         rng = random.Random(o.seed ^ 0x5EED)
         self.text = _Text(rng, o.pool_chars)
-        system = {"role": "system", "content": self.text.tokens(o.system_tokens, rng)}
+        self.system_text = self.text.tokens(o.system_tokens, rng)
+        system = {"role": "system", "content": self.system_text}
         self.system_json, self.system_tok = _dumps(system), approx_message_tokens(system)
         self.tools = _tool_schemas(o.tools, self.text, rng)
         self.blocks = list(range(1, self.system_tok // o.block_size + 1))
+        self.api = _API[o.api](self)
+
+
+class _Chat:
+    """How a session's events read in one API (this one: chat completions)."""
+
+    kind = Kind.CHAT
+
+    def __init__(self, sh: _Shared) -> None:
+        self.sh = sh
+
+    def head(self) -> list[str]:
+        """The items every session starts with (chat: the system message)."""
+        return [self.sh.system_json]
+
+    def head_tokens(self) -> int:
+        return self.sh.system_tok
+
+    def count(self, item: dict[str, Any]) -> int:
+        return approx_message_tokens(item)
+
+    def user(self, text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
+
+    def call(self, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+        """The assistant's tool call as the response carries it."""
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+
+    def assistant(self, text: str | None, call: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """What the next request carries of the reply."""
+        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        if call:
+            msg["tool_calls"] = [call]
+        return [msg]
+
+    def result(self, call_id: str, text: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+    def params(self, o: SynthOptions) -> dict[str, Any]:
+        p: dict[str, Any] = {"model": o.model, "messages": None, "max_tokens": o.max_tokens}
+        p["stream"] = True
+        if self.sh.tools:
+            p["tools"] = self.sh.tools
+        return p
+
+    finish = {"stop": "stop", "tool": "tool_calls"}
+
+
+class _Messages(_Chat):
+    """Anthropic Messages, shaped like Claude Code's requests."""
+
+    kind = Kind.MESSAGES
+    finish = {"stop": "end_turn", "tool": "tool_use"}
+
+    def head(self) -> list[str]:
+        return []
+
+    def head_tokens(self) -> int:
+        return approx_text_tokens(self.sh.system_text) + 4
+
+    def count(self, item: dict[str, Any]) -> int:
+        return approx_item_tokens(item)
+
+    def user(self, text: str) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+    def call(self, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+        return {"type": "tool_use", "id": call_id, "name": name, "input": orjson.loads(arguments)}
+
+    def assistant(self, text: str | None, call: dict[str, Any] | None) -> list[dict[str, Any]]:
+        blocks = [call] if call else [{"type": "text", "text": text or ""}]
+        return [{"role": "assistant", "content": blocks}]
+
+    def result(self, call_id: str, text: str) -> dict[str, Any]:
+        block = {"type": "tool_result", "tool_use_id": call_id, "content": text}
+        return {"role": "user", "content": [block]}
+
+    def params(self, o: SynthOptions) -> dict[str, Any]:
+        p: dict[str, Any] = {"model": o.model, "messages": None}
+        p["system"] = [{"type": "text", "text": self.sh.system_text}]
+        if self.sh.tools:
+            p["tools"] = _flat_tools(self.sh.tools, {}, "input_schema")
+        p["max_tokens"] = o.max_tokens
+        p["stream"] = True
+        return p
+
+
+class _Responses(_Messages):
+    """OpenAI Responses, shaped like Codex's requests (full input every turn:
+    no ``previous_response_id``, as vLLM keeps no store by default)."""
+
+    kind = Kind.RESPONSES
+    finish = {"stop": "completed", "tool": "completed"}
+
+    def user(self, text: str) -> dict[str, Any]:
+        return {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        }
+
+    def call(self, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+        return {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+
+    def assistant(self, text: str | None, call: dict[str, Any] | None) -> list[dict[str, Any]]:
+        if call:
+            return [call]
+        content = [{"type": "output_text", "text": text or ""}]
+        return [{"type": "message", "role": "assistant", "content": content}]
+
+    def result(self, call_id: str, text: str) -> dict[str, Any]:
+        return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+    def params(self, o: SynthOptions) -> dict[str, Any]:
+        p: dict[str, Any] = {"model": o.model, "instructions": self.sh.system_text}
+        p["input"] = None
+        if self.sh.tools:
+            p["tools"] = _flat_tools(self.sh.tools, {"type": "function"}, "parameters")
+        p["max_output_tokens"] = o.max_tokens
+        p["stream"] = True
+        return p
+
+
+def _flat_tools(
+    tools: list[dict[str, Any]], head: dict[str, Any], schema_key: str
+) -> list[dict[str, Any]]:
+    """Chat's tool schemas without the ``function`` wrapper (Messages and
+    Responses both flatten it; they name the JSON schema differently)."""
+    return [
+        {
+            **head,
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            schema_key: t["function"]["parameters"],
+        }
+        for t in tools
+    ]
+
+
+_API: dict[str, type[_Chat]] = {"chat": _Chat, "messages": _Messages, "responses": _Responses}
+APIS: tuple[str, ...] = tuple(_API)
 
 
 def _session(o: SynthOptions, sh: _Shared, s: int, t: float) -> Iterator[RequestRecord]:
     rng = random.Random(f"{o.seed}:{s}")
-    text = sh.text
+    text, api = sh.text, sh.api
     sid = f"synth-{s:05d}"
-    user = {"role": "user", "content": text.tokens(50 + rng.randrange(200), rng)}
-    # Messages are serialized once, when appended; the writer takes JSON texts.
-    messages: list[str] = [sh.system_json, _dumps(user)]
-    ctx = sh.system_tok + approx_message_tokens(user)
+    user = api.user(text.tokens(50 + rng.randrange(200), rng))
+    # Items are serialized once, when appended; the writer takes JSON texts.
+    items: list[str] = [*api.head(), _dumps(user)]
+    ctx = api.head_tokens() + api.count(user)
     replies = [max(1, int(rng.expovariate(1 / o.reply_tokens))) for _ in range(o.turns)]
     budget = o.context - ctx - (o.turns - 1) * (o.reply_tokens + 12)
     shares = _shares(rng, o.turns - 1) if o.turns > 1 else []
@@ -170,33 +329,27 @@ def _session(o: SynthOptions, sh: _Shared, s: int, t: float) -> Iterator[Request
     # block ids: the shared prefix is 1..k; each session numbers its own from
     # a disjoint range so ids stay small integers (they compress well)
     next_block = (s + 1) * (o.context // o.block_size + 2)
+    params = api.params(o) if o.payload == "chat" else None
     for k in range(o.turns):
         if k:
             if k == o.turns - 1:
                 size = max(1, o.context - ctx - 4)  # lands the last request on target
             else:
                 size = max(1, int(budget * shares[k - 1]))
-            tool = {
-                "role": "tool",
-                "tool_call_id": f"call_{s}_{k - 1}",
-                "content": text.tokens(size, rng),
-            }
-            messages.append(_dumps(tool))
-            ctx += approx_message_tokens(tool)
+            tool = api.result(f"call_{s}_{k - 1}", text.tokens(size, rng))
+            items.append(_dumps(tool))
+            ctx += api.count(tool)
         reply = replies[k]
         service = 0.2 + 0.02 * reply + 2e-6 * ctx
         last = k == o.turns - 1
         call = (
             None
             if last
-            else {
-                "id": f"call_{s}_{k}",
-                "type": "function",
-                "function": {
-                    "name": f"tool_{rng.randrange(max(o.tools, 1))}",
-                    "arguments": '{"path": "' + text.tokens(max(1, reply // 2), rng) + '"}',
-                },
-            }
+            else api.call(
+                f"call_{s}_{k}",
+                f"tool_{rng.randrange(max(o.tools, 1))}",
+                '{"path": "' + text.tokens(max(1, reply // 2), rng) + '"}',
+            )
         )
         reply_text = text.tokens(reply, rng) if last else None
         common: dict[str, Any] = dict(
@@ -206,23 +359,15 @@ def _session(o: SynthOptions, sh: _Shared, s: int, t: float) -> Iterator[Request
             start_us=round(t * US),
             end_us=round((t + service) * US),
             status=200,
-            finish_reason="stop" if last else "tool_calls",
+            finish_reason=api.finish["stop" if last else "tool"],
             output_text=reply_text,
             output_tool_calls=[call] if call else None,
             usage_prompt_tokens=ctx,
             usage_completion_tokens=reply,
             input_tokens=ctx,
         )
-        if o.payload == "chat":
-            params: dict[str, Any] = {
-                "model": o.model,
-                "messages": None,
-                "max_tokens": o.max_tokens,
-                "stream": True,
-            }
-            if sh.tools:
-                params["tools"] = sh.tools
-            yield RequestRecord(kind=Kind.CHAT, params=params, content=list(messages), **common)
+        if params is not None:
+            yield RequestRecord(kind=api.kind, params=params, content=list(items), **common)
         else:
             full = ctx // o.block_size
             while len(blocks) < full:
@@ -241,11 +386,9 @@ def _session(o: SynthOptions, sh: _Shared, s: int, t: float) -> Iterator[Request
                 block_size=o.block_size,
                 **common,
             )
-        assistant: dict[str, Any] = {"role": "assistant", "content": reply_text}
-        if call:
-            assistant["tool_calls"] = [call]
-        messages.append(_dumps(assistant))
-        ctx += approx_message_tokens(assistant)
+        for item in api.assistant(reply_text, call):
+            items.append(_dumps(item))
+            ctx += api.count(item)
         t += service + (rng.expovariate(1 / o.think) if o.think > 0 else 0.0)
 
 

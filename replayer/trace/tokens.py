@@ -158,3 +158,29 @@ def approx_message_tokens(message: Mapping[str, object]) -> int:
                 str(fn.get("arguments", ""))
             )
     return n
+
+
+_OPAQUE = frozenset(
+    {"type", "role", "id", "call_id", "tool_use_id", "signature", "encrypted_content", "status"}
+)
+"""Keys of Messages blocks and Responses items whose values are framing or
+opaque state, not prompt text."""
+
+
+def approx_item_tokens(item: object) -> int:
+    """Tokens of one Messages message or Responses input item: every string
+    it holds (text, thinking, tool input and arguments, tool results), at
+    four bytes a token, plus four for the role and framing."""
+    n = 4
+    stack: list[object] = [item]
+    for _ in range(100_000):  # bounded: items are trees of modest size
+        if not stack:
+            break
+        v = stack.pop()
+        if isinstance(v, str):
+            n += approx_text_tokens(v)
+        elif isinstance(v, dict):
+            stack.extend(x for k, x in v.items() if k not in _OPAQUE and k != "cache_control")
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n

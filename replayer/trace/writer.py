@@ -47,6 +47,7 @@ from replayer.trace.schema import (
 from replayer.trace.tokens import (
     BlockPrompts,
     TokenSpace,
+    approx_item_tokens,
     approx_message_tokens,
     approx_text_tokens,
 )
@@ -55,10 +56,33 @@ DEFAULT_PATHS = {
     Kind.CHAT: "/v1/chat/completions",
     Kind.TEXT: "/v1/completions",
     Kind.BLOCKS: "/v1/completions",
+    Kind.MESSAGES: "/v1/messages",
+    Kind.RESPONSES: "/v1/responses",
     Kind.RAW: "/v1/chat/completions",
 }
 # A keyframe after this many deltas bounds reconstruction by O(size + depth).
 MAX_CHAIN = 1024
+
+
+def kind_of(body: dict[str, Any], path: str | None = None) -> Kind:
+    """The payload kind a body is stored as: by its API (the path's ending;
+    chat when unknown) when the content has that API's shape, else raw."""
+    api = (path or "").partition("?")[0].rstrip("/")
+    messages, prompt, items = body.get("messages"), body.get("prompt"), body.get("input")
+    if api.endswith(("/messages", "/messages/count_tokens")):
+        return Kind.MESSAGES if _items(messages) else Kind.RAW
+    if api.endswith("/responses"):
+        return Kind.RESPONSES if _items(items) else Kind.RAW
+    if isinstance(messages, list):
+        return Kind.CHAT
+    if isinstance(prompt, str) and "messages" not in body:
+        return Kind.TEXT
+    return Kind.RAW
+
+
+def _items(value: Any) -> bool:
+    """A list of JSON objects (a string input stays raw: it has no items)."""
+    return isinstance(value, list) and all(isinstance(i, dict) for i in value)
 
 
 @dataclass(slots=True)
@@ -79,7 +103,8 @@ class RequestRecord:
     params: dict[str, Any]
     """The body without its content; may hold the content key (any value) to fix its position."""
     content: Any = None
-    """chat: messages (dicts or JSON texts); text: prompt; blocks: block ids; raw: unused."""
+    """chat, messages: messages; responses: input items (dicts or JSON texts);
+    text: prompt; blocks: block ids; raw: unused."""
     path: str | None = None
     end_us: int | None = None
     block_size: int | None = None
@@ -113,16 +138,11 @@ class RequestRecord:
         path: str | None = None,
         **kw: Any,
     ) -> RequestRecord:
-        """Split a recorded body into params and content by its shape."""
-        messages = body.get("messages")
-        prompt = body.get("prompt")
-        content: Any
-        if isinstance(messages, list):
-            kind, content = Kind.CHAT, messages
-        elif isinstance(prompt, str) and "messages" not in body:
-            kind, content = Kind.TEXT, prompt
-        else:
-            kind, content = Kind.RAW, None
+        """Split a recorded body into params and content by its path and shape
+        (an Anthropic body is told from a chat body only by its path)."""
+        kind = kind_of(body, path)
+        key = kind.content_key
+        content: Any = body.get(key) if key is not None else None
         return cls(
             request_id=request_id,
             session_id=session_id,
@@ -270,8 +290,9 @@ class TraceWriter:
 
             sizes: list[int] | None = None
             toks: list[int] | None = None
-            if kind is Kind.CHAT:
+            if kind.itemized:
                 # Running totals per message make a row's size O(appended) to compute.
+                count = approx_message_tokens if kind is Kind.CHAT else approx_item_tokens
                 sizes = base.sizes[:keep] if base is not None and base.sizes is not None else []
                 toks = base.toks[:keep] if base is not None and base.toks is not None else []
                 total = sizes[-1] if sizes else 0
@@ -279,7 +300,7 @@ class TraceWriter:
                 for m in appended:
                     total += cx.utf8_len(m)
                     sizes.append(total)
-                    ntok += approx_message_tokens(orjson.loads(m))
+                    ntok += count(orjson.loads(m))
                     toks.append(ntok)
                 n = len(content)
                 content_len = 2 + (sizes[-1] if sizes else 0) + max(n - 1, 0)
@@ -330,7 +351,7 @@ class TraceWriter:
         c["kind"].append(kind.value)
         c["base"].append(base_row)
         c["keep"].append(keep)
-        c["messages"].append(appended if kind is Kind.CHAT else None)
+        c["messages"].append(appended if kind.itemized else None)
         c["text"].append(appended if kind is Kind.TEXT else None)
         c["blocks"].append(appended if kind is Kind.BLOCKS else None)
         c["block_size"].append(rec.block_size if kind is Kind.BLOCKS else None)
@@ -338,6 +359,8 @@ class TraceWriter:
         c["params"].append(stored_params)
         c["input_tokens"].append(input_tokens)
         mt = params.get("max_tokens", params.get("max_completion_tokens"))
+        if mt is None:
+            mt = params.get("max_output_tokens")
         c["max_tokens"].append(mt if isinstance(mt, int) and not isinstance(mt, bool) else None)
         st = params.get("stream")
         c["stream"].append(st if isinstance(st, bool) else None)
@@ -443,9 +466,9 @@ class TraceWriter:
         if key is None:
             return params, None
         params[key] = None  # fixes the content's position; appended at the end if absent
-        if kind is Kind.CHAT:
+        if kind.itemized:
             if not isinstance(rec.content, list):
-                raise TraceError(f"{rec.request_id}: chat content must be a list of messages")
+                raise TraceError(f"{rec.request_id}: {kind} content must be a list of {key}")
             return params, [cx.message_text(m) for m in rec.content]
         if kind is Kind.TEXT:
             if not isinstance(rec.content, str):
@@ -493,7 +516,7 @@ class TraceWriter:
 
 def _weight(kind: Kind, content: Any, params_text: str) -> int:
     """Approximate bytes a content costs in memory (for the cache budget)."""
-    if kind is Kind.CHAT:
+    if kind.itemized:
         return sum(len(m) for m in content) + 64 * len(content) + len(params_text)
     if kind is Kind.TEXT:
         return len(content) + len(params_text)

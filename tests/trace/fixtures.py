@@ -1,5 +1,5 @@
 """Trace fixtures made by code: the records, a current writer, and the v1
-writer that makes the committed older-schema fixture.
+and v2 writers that make the committed older-schema fixtures.
 
 ``python -m tests.trace.fixtures`` regenerates ``tests/trace/data/``;
 ``test_compat`` checks that doing so gives the committed content.
@@ -7,13 +7,15 @@ writer that makes the committed older-schema fixture.
 ``v1-mixed.arrow`` is what replayer wrote before schema v2: the same
 columns, compression and dictionary deltas, ``replayer.schema_version`` 1,
 and record batches without digests. It is made by writing a current trace
-and downgrading it (:func:`write_v1`), not by hand.
+and downgrading it (:func:`write_v1`), not by hand. ``v2-mixed.arrow`` is
+the same trace as replayer wrote before schema v3 (no ``messages`` or
+``responses`` kinds existed): version 2, with the digests a v2 writer
+computed over its own schema (:func:`write_v2`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,11 +24,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from replayer.trace import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.integrity import batch_metadata
 from replayer.trace.schema import META_PROVENANCE, META_VERSION
 from replayer.trace.synth import SynthOptions, sessions
 
 DATA = Path(__file__).with_name("data")
 V1_FIXTURE = DATA / "v1-mixed.arrow"
+V2_FIXTURE = DATA / "v2-mixed.arrow"
 MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
 CREATED = "2026-01-01T00:00:00+00:00"
 
@@ -84,17 +88,21 @@ def write_current(path: Path, *, form: str = "file", flush_rows: int = 3) -> Pat
     return path
 
 
-def write_v1(
-    src: Path, out: Path, mutate: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
+def write_old(
+    src: Path,
+    out: Path,
+    version: int,
+    mutate: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None,
 ) -> Path:
-    """The v1 writer: ``src`` (a current trace) as replayer 0.1 wrote it,
-    schema version 1 and batches without digests, in ``src``'s IPC form.
-    ``mutate`` changes each batch first (tests of damage no digest can catch)."""
+    """``src`` (a current trace) as the writer of schema ``version`` wrote
+    it, in ``src``'s IPC form: v1 batches have no digests, v2 batches the
+    digests of the v2 schema. ``mutate`` changes each batch first (tests of
+    damage no digest can catch)."""
     data = pa.memory_map(str(src)).read_buffer()
     is_file = data.slice(0, 6).to_pybytes() == b"ARROW1"
     reader = ipc.open_file(data) if is_file else ipc.open_stream(data)
     meta = dict(reader.schema.metadata)
-    meta[META_VERSION] = b"1"
+    meta[META_VERSION] = str(version).encode()
     prov = orjson.loads(meta[META_PROVENANCE])
     prov["tool_version"] = "0.1.0"
     meta[META_PROVENANCE] = orjson.dumps(prov)
@@ -106,19 +114,43 @@ def write_v1(
     new = ipc.new_file if is_file else ipc.new_stream
     with pa.OSFile(str(out), "wb") as sink, new(sink, schema, options=opts) as w:
         for b in batches:
-            w.write_batch(mutate(b) if mutate else b)  # no custom metadata: v1 had no digests
+            b = mutate(b) if mutate else b
+            if version >= 2:
+                w.write_batch(b, custom_metadata=batch_metadata(b, schema))
+            else:
+                w.write_batch(b)  # v1 had no digests
     return out
 
 
-def make_v1_fixture(out: Path = V1_FIXTURE) -> Path:
+def write_v1(
+    src: Path, out: Path, mutate: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
+) -> Path:
+    """The v1 writer (see :func:`write_old`)."""
+    return write_old(src, out, 1, mutate)
+
+
+def write_v2(
+    src: Path, out: Path, mutate: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
+) -> Path:
+    """The v2 writer (see :func:`write_old`)."""
+    return write_old(src, out, 2, mutate)
+
+
+def make_fixture(version: int, out: Path | None = None) -> Path:
+    out = out or DATA / f"v{version}-mixed.arrow"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".current")
     try:
-        write_v1(write_current(tmp), out)
+        write_old(write_current(tmp), out, version)
     finally:
         tmp.unlink(missing_ok=True)
     return out
 
 
+def make_v1_fixture(out: Path = V1_FIXTURE) -> Path:
+    return make_fixture(1, out)
+
+
 if __name__ == "__main__":
-    print(make_v1_fixture(Path(sys.argv[1]) if len(sys.argv) > 1 else V1_FIXTURE))
+    for v in (1, 2):
+        print(make_fixture(v))

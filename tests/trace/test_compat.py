@@ -1,6 +1,6 @@
-"""Older schema versions: the committed v1 fixture opens (migrated in memory),
-replays against the emulator, and converts to the current version; the
-migration chain applies its steps, in order, to every batch."""
+"""Older schema versions: the committed v1 and v2 fixtures open (migrated in
+memory), replay against the emulator, and convert to the current version;
+the migration chain applies its steps, in order, to every batch."""
 
 from __future__ import annotations
 
@@ -18,7 +18,14 @@ from replayer.trace import Trace, compat
 from replayer.trace.compat import Migration
 from replayer.trace.schema import META_COLUMN_DIGESTS, META_VERSION, TRACE_SCHEMA_VERSION
 
-from .fixtures import V1_FIXTURE, make_v1_fixture, write_current, write_v1
+from .fixtures import (
+    V1_FIXTURE,
+    V2_FIXTURE,
+    make_fixture,
+    make_v1_fixture,
+    write_current,
+    write_v1,
+)
 
 
 def cli(*args: object) -> tuple[int, str, str]:
@@ -65,7 +72,28 @@ def test_v1_opens_migrated_with_the_same_bodies(tmp_path):
     assert sorted(set(old.column("kind"))) == ["blocks", "chat", "raw", "text"]
     report = old.verify()
     assert (report.bodies, report.lengths, report.digests) == (14, 14, False)
-    assert "migrated to v2 in memory" in report.lines()[0]
+    assert f"migrated to v{TRACE_SCHEMA_VERSION} in memory" in report.lines()[0]
+
+
+def test_v2_fixture_regenerates_with_the_digests_of_its_own_schema(tmp_path):
+    schema, batches = _stored(make_fixture(2, tmp_path / "v2.arrow"))
+    committed_schema, committed = _stored(V2_FIXTURE)
+    assert schema.equals(committed_schema, check_metadata=True)
+    assert schema.metadata[META_VERSION] == b"2"
+    assert len(batches) == len(committed) == 5
+    for (b, meta), (c, cmeta) in zip(batches, committed, strict=True):
+        assert b.equals(c) and meta == cmeta and META_COLUMN_DIGESTS in meta
+
+
+def test_v2_opens_migrated_and_verifies_its_digests(tmp_path):
+    old = Trace.open(V2_FIXTURE)
+    new = Trace.open(write_current(tmp_path / "v3.arrow"))
+    assert (old.schema_version, new.schema_version) == (2, TRACE_SCHEMA_VERSION)
+    assert old.has_digests
+    assert [old.body_json(r) for r in old.order] == [new.body_json(r) for r in new.order]
+    report = old.verify()
+    assert (report.bodies, report.digests) == (14, True)
+    assert f"schema v2 (migrated to v{TRACE_SCHEMA_VERSION} in memory)" in report.lines()[0]
 
 
 def test_a_v1_stream_opens_too(tmp_path):
@@ -107,10 +135,11 @@ def test_convert_rewrites_v1_at_the_current_version(tmp_path):
     assert Trace.open(tmp_path / "again.arrow").form == "stream"
 
 
-def test_v1_replays_against_the_emulator(emulator, tmp_path):
+@pytest.mark.parametrize("fixture", [V1_FIXTURE, V2_FIXTURE], ids=["v1", "v2"])
+def test_old_versions_replay_against_the_emulator(emulator, tmp_path, fixture):
     rc, out, err = cli(
         "replay",
-        V1_FIXTURE,
+        fixture,
         "--target",
         emulator.url,
         "--timing",
@@ -124,7 +153,7 @@ def test_v1_replays_against_the_emulator(emulator, tmp_path):
     summary = orjson.loads(out)
     assert summary["targets"]["target"]["status"] == {"ok": 14}
     got = {e["request_id"] for e in emulator.events("request")}
-    assert got == set(Trace.open(V1_FIXTURE).column("request_id"))
+    assert got == set(Trace.open(fixture).column("request_id"))
 
 
 # -- the chain ---------------------------------------------------------------

@@ -19,7 +19,7 @@ from replayer.cli import main
 from replayer.errors import TraceCorruptError, TraceError
 from replayer.trace import TokenSpace, Trace, integrity
 from replayer.trace.integrity import column_digest
-from replayer.trace.schema import META_COLUMN_DIGESTS, META_SCHEMA_DIGEST
+from replayer.trace.schema import META_COLUMN_DIGESTS, META_SCHEMA_DIGEST, TRACE_SCHEMA_VERSION
 
 from .fixtures import write_current, write_v1
 
@@ -301,11 +301,13 @@ def test_inspect_verify_says_what_it_checked(tmp_path):
     path = write_current(tmp_path / "t.arrow")
     rc, out, err = _cli("inspect", path, "--verify")
     assert rc == 0, err
-    tail = out[out.index(f"{path}: OK, schema v2") :]
+    tail = out[out.index(f"{path}: OK, schema v{TRACE_SCHEMA_VERSION}") :]
     assert "every column matches its digest" in tail
     assert "14 rebuilt along their delta chains; 14 of exactly body_bytes" in tail
     assert "14 request ids unique" in tail
     rc, out, _ = _cli("inspect", path, "--verify", "--json")
-    assert rc == 0 and orjson.loads(out)["verify"][0].endswith("OK, schema v2")
+    assert rc == 0 and orjson.loads(out)["verify"][0].endswith(
+        f"OK, schema v{TRACE_SCHEMA_VERSION}"
+    )
     rc, out, _ = _cli("inspect", path)
     assert rc == 0 and "OK, schema" not in out
