@@ -1,5 +1,6 @@
 """The suite on a loaded machine: both cores kept busy by two spinning
-processes while the emulator tier runs N times and the real-vLLM tier once.
+processes while the emulator tier (with the slow tier: everything but real
+vLLM) runs N times and the real-vLLM tier once.
 
 ``python -m bench loaded [-- --runs N --tier emulator|vllm|both]``
 
@@ -74,7 +75,9 @@ def main(argv: list[str]) -> dict[str, Any]:
             runs = []
             for i in range(args.runs):
                 r = _pytest("not realvllm", out / f"loaded-emulator-{i + 1}.log")
-                print(f"emulator tier, loaded, run {i + 1}: {r['summary']} ({r['seconds']} s)")
+                print(
+                    f"emulator + slow tiers, loaded, run {i + 1}: {r['summary']} ({r['seconds']} s)"
+                )
                 runs.append(r)
             figures["emulator"] = runs
         if args.tier in ("vllm", "both"):

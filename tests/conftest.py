@@ -1,19 +1,22 @@
 """Shared fixtures. The real public traces live in ../shared/data beside the
 checkout (CI puts them there); they are read in place, never copied.
 
-The real-vLLM tier: every test that uses a real vLLM fixture (``vllm_env``
-and what builds on it) is marked ``realvllm`` and runs after the rest, so
-the servers it starts never share the two cores with the emulator tier.
-One server, :func:`vllm_shared`, serves every test that does not kill it.
-The summary ends with one line saying how many real-vLLM tests ran, or why
-none could.
+Three tiers, run in this order: the emulator tier (everything not marked;
+kept under 10 minutes on 2 cores), the ``slow`` tier (end-to-end bisects and
+resumes that take tens of seconds each), and the real-vLLM tier: every test
+that uses a real vLLM fixture (``vllm_env`` and what builds on it) is marked
+``realvllm`` and runs last, so the servers it starts never share the two
+cores with the other tiers. One server, :func:`vllm_shared`, serves every
+test that does not kill it. The summary ends with one line per tier: what
+ran, how long it took (setup, call and teardown summed), and for the
+real-vLLM tier why none could run when none could.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,12 +90,23 @@ def vllm_shared(
         srv.stop()
 
 
+TIERS = ("emulator", "slow", "realvllm")
+TIER_NAMES = {"emulator": "emulator tier", "slow": "slow tier", "realvllm": "real vLLM tier"}
+TIER_BUDGET_S = {"emulator": 600.0}
+"""The emulator tier's budget on an idle 2-core machine (a figure to read
+in the summary, never an assertion: a loaded machine takes longer)."""
+
+
+def tier(item: pytest.Item | pytest.TestReport) -> str:
+    keys = item.keywords
+    return "realvllm" if "realvllm" in keys else "slow" if "slow" in keys else "emulator"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    real = [i for i in items if VLLM_FIXTURES & set(getattr(i, "fixturenames", ()))]
-    for item in real:
-        item.add_marker(pytest.mark.realvllm)
-    ids = {id(i) for i in real}
-    items[:] = [i for i in items if id(i) not in ids] + real
+    for item in items:
+        if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.realvllm)
+    items.sort(key=lambda i: TIERS.index(tier(i)))  # stable: file order within a tier
 
 
 @pytest.hookimpl(wrapper=True)
@@ -107,25 +121,29 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-_TIER: Counter[str] = Counter()
+_TIER: dict[str, Counter[str]] = defaultdict(Counter)
+_SECONDS: Counter[str] = Counter()
 _SKIPS: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if "realvllm" not in report.keywords:
-        return
+    t = tier(report)
+    _SECONDS[t] += report.duration
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = "failed" if report.failed else report.outcome
-        _TIER[outcome] += 1
-        if report.skipped and isinstance(report.longrepr, tuple):
+        _TIER[t][outcome] += 1
+        if t == "realvllm" and report.skipped and isinstance(report.longrepr, tuple):
             _SKIPS.append(str(report.longrepr[2]))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _TIER:
-        return
-    parts = ", ".join(f"{n} {k}" for k, n in sorted(_TIER.items()))
-    line = f"real vLLM tier: {parts}"
-    if _SKIPS:
-        line += f" ({Counter(_SKIPS).most_common(1)[0][0].removeprefix('Skipped: ')})"
-    terminalreporter.write_line(line, bold=True)
+    for t in TIERS:
+        if not _TIER[t]:
+            continue
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(_TIER[t].items()))
+        line = f"{TIER_NAMES[t]}: {parts} in {_SECONDS[t]:.0f} s"
+        if t in TIER_BUDGET_S:
+            line += f" (budget {TIER_BUDGET_S[t]:.0f} s on an idle 2-core machine)"
+        if t == "realvllm" and _SKIPS:
+            line += f" ({Counter(_SKIPS).most_common(1)[0][0].removeprefix('Skipped: ')})"
+        terminalreporter.write_line(line, bold=True)

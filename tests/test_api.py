@@ -41,6 +41,7 @@ def readme_example() -> str:
     return m.group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_example_replays_and_bisects(tmp_path, monkeypatch, capsys):
     code = readme_example()
     assert "replayer.cli" not in code and "argparse" not in code

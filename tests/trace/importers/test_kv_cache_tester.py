@@ -14,6 +14,9 @@ from replayer.cli import build_parser
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
 
+# The whole 710-session corpus is imported (about 15 s): the slow tier.
+pytestmark = pytest.mark.slow
+
 
 def import_trace(fmt, sources, out, *options):
     args = build_parser().parse_args(
