@@ -57,7 +57,8 @@ The metrics (labels in parentheses):
   ``replayer_bisect_selection_size`` (where the bisect started);
 * ``replayer_record_exchanges_total`` (outcome: ``ok``, ``failed``),
   ``replayer_record_requests_forwarded_total``, ``replayer_record_inflight``,
-  ``replayer_record_rows_written_total``, ``replayer_record_write_errors_total``,
+  ``replayer_record_rows_written_total``, ``replayer_record_rows_flushed_total``
+  (on disk: what survives a SIGKILL), ``replayer_record_write_errors_total``,
   ``replayer_record_bytes_written_total`` (the trace segment's size on disk).
 """
 
@@ -200,6 +201,11 @@ class _RecorderCollector(Collector):
             "replayer_record_rows_written", "Rows accepted by the trace writer."
         )
         rows.add_metric([], st.rows_written)
+        flushed = CounterMetricFamily(
+            "replayer_record_rows_flushed",
+            "Rows in flushed batches: on disk, they survive a SIGKILL of the recorder.",
+        )
+        flushed.add_metric([], st.rows_flushed)
         errors = CounterMetricFamily(
             "replayer_record_write_errors", "Rows that could not be written."
         )
@@ -208,7 +214,7 @@ class _RecorderCollector(Collector):
             "replayer_record_bytes_written", "Bytes of the trace (this segment) on disk."
         )
         size.add_metric([], st.bytes_on_disk)
-        return [ex, fwd, inflight, rows, errors, size]
+        return [ex, fwd, inflight, rows, flushed, errors, size]
 
 
 class MetricsServer:

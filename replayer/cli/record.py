@@ -80,6 +80,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--fsync", action="store_true", help="fsync on every flush (survive power loss)")
     p.add_argument(
+        "--record-count-tokens",
+        action="store_true",
+        help="record Anthropic /v1/messages/count_tokens requests too (always forwarded; "
+        "not recorded by default: they are not load)",
+    )
+    p.add_argument(
         "--drain",
         type=float,
         default=5.0,
@@ -177,6 +183,7 @@ def config_from(args: argparse.Namespace, output: Path, segment: int) -> Any:
         max_connections=args.max_connections,
         connect_timeout=args.connect_timeout,
         add_request_id=args.add_request_id,
+        record_count_tokens=args.record_count_tokens,
         id_prefix="rec-" if segment == 0 else f"rec{segment}-",
         details={"segment": segment, "segment_of": str(args.output)},
     )

@@ -50,6 +50,7 @@ class Capture:
         self._body = bytearray()
         self._limit = limit
         self._decoder: Any = None
+        self._finished = False
         enc = (encoding or "identity").lower()
         if enc in ("gzip", "x-gzip", "deflate"):
             self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)
@@ -95,9 +96,13 @@ class Capture:
     # -- output ------------------------------------------------------------------
 
     def finish(self, status: int = 200) -> Reply:
-        """The assembled reply (call once, after the last byte). A last event
-        the upstream did not terminate is dropped, as a client drops it."""
+        """The assembled reply (after the last byte; again, the same reply).
+        A last event the upstream did not terminate is dropped, as a client
+        drops it."""
         r = self._reply
+        if self._finished:
+            return r
+        self._finished = True
         if self._decoder is not None and not r.truncated:
             try:
                 rest = self._decoder.flush()

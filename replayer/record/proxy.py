@@ -105,6 +105,8 @@ class RecordConfig:
     add_request_id: bool = False
     """Send the recorded request id upstream as ``X-Request-Id`` when the client sent none."""
     id_prefix: str = "rec-"
+    record_count_tokens: bool = False
+    """Record ``/v1/messages/count_tokens`` too (forwarded either way)."""
     details: dict[str, Any] = field(default_factory=dict)
     """Extra provenance (segment number …)."""
 
@@ -154,6 +156,8 @@ class RecorderStats:
     """Requests forwarded upstream, recorded or not."""
     inflight: int
     rows_written: int
+    rows_flushed: int
+    """Of those, rows in a flushed batch: on disk, so they survive SIGKILL."""
     write_errors: int
     bytes_on_disk: int
     """The trace segment's size (0 before it exists)."""
@@ -183,6 +187,10 @@ class RecordingProxy:
         self.forwarded = 0
         """Requests forwarded (recorded or not)."""
         self.address: tuple[str, int] | None = None
+
+    @property
+    def _recorded_paths(self) -> frozenset[str] | set[str]:
+        return self.recorder.paths if self.recorder is not None else RECORDED_PATHS
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -229,6 +237,7 @@ class RecordingProxy:
             t0_ns=t0_ns,
             session_headers=cfg.session_headers,
             id_prefix=cfg.id_prefix,
+            record_count_tokens=cfg.record_count_tokens,
         )
         self._sink = TraceSink(writer, recorder.build, flush_interval=cfg.flush_interval)
         recorder.sink = self._sink
@@ -294,6 +303,7 @@ class RecordingProxy:
             forwarded=self.forwarded,
             inflight=self.inflight,
             rows_written=sink.rows if sink is not None else 0,
+            rows_flushed=sink.flushed if sink is not None else 0,
             write_errors=sink.errors if sink is not None else 0,
             bytes_on_disk=size,
         )
@@ -339,7 +349,7 @@ class RecordingProxy:
                 # the low-level server does not answer it (curl sends it for big bodies)
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 request.writer.output_size = 0
-            if request.method == "POST" and request.path in RECORDED_PATHS:
+            if request.method == "POST" and request.path in self._recorded_paths:
                 return await self._recorded(request, start)
             return await self._plain(request)
         finally:
@@ -513,12 +523,15 @@ class RecordingProxy:
             if ex.first_byte_ns is None:
                 ex.first_byte_ns = now
             # Relay first, parse after: the client never waits for the parsing -
-            # except at a stream's end, whose reply must be known before the
-            # client sees [DONE] and sends its next turn.
-            last = cap.sse and cap.may_end(chunk)
+            # except at the response's end (a stream's end event, a whole body's
+            # last bytes), whose reply must be known before the client sees it
+            # and sends its next turn (or chains to it by previous_response_id).
+            last = cap.may_end(chunk) if cap.sse else eof
             if last:
                 cap.feed(chunk, now)
-                if cap.done and ex.settled_ns is None:
+                if not cap.sse:
+                    recorder.settle(ex, cap.finish(resp.status), now)
+                elif cap.done and ex.settled_ns is None:
                     recorder.settle(ex, cap.reply(), now)
             try:
                 await (out.write_eof(chunk) if eof else out.write(chunk))

@@ -25,7 +25,26 @@ Row contents (beyond the columns the format defines):
 * ``meta.failure``: ``connect`` (upstream unreachable: the client got a 502
   from the recorder), ``upstream`` (the upstream broke off mid-response).
 * ``meta.headers`` / ``meta.query``: the request's other headers and query
-  parameters, credentials removed (see :mod:`replayer.record.redact`).
+  parameters, credentials removed (see :mod:`replayer.record.redact`); the
+  ``path`` column keeps the (redacted) query string too (``?beta=true``), so
+  a replay sends it.
+* Anthropic Messages (``/v1/messages``) and OpenAI Responses
+  (``/v1/responses``) bodies are rows of kind ``messages`` and ``responses``.
+  A Responses request that names ``previous_response_id`` is stored with its
+  context expanded (the parent's expanded input, the parent's output items,
+  then its own input; the id removed), so it replays against a server with no
+  response store: ``meta.previous_response_id`` keeps the id and
+  ``meta.expanded`` the parent's request id and the items added. When the
+  parent was not recorded (before the recorder started, or forgotten past
+  ``response_memory`` bytes) the body is stored as sent, with
+  ``meta.unexpanded`` saying why.
+* A body the recorder cannot read as its API's shape (``messages`` not a
+  list of objects, a string ``input``...) is still forwarded and recorded,
+  as a ``raw`` row with ``meta.unreadable`` saying why; the recording's
+  summary counts them (``raw``).
+* ``/v1/messages/count_tokens`` is forwarded, and recorded only when asked
+  (``record_count_tokens``): it is not load, and it would interleave with
+  the turns of a session. Recorded, each is its own session.
 """
 
 from __future__ import annotations
@@ -33,22 +52,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlencode
 
 import orjson
 
 from replayer.record.redact import Redactor
-from replayer.record.sessions import Assignment, SessionTracker
-from replayer.trace.writer import RequestRecord
+from replayer.record.sessions import Assignment, SessionTracker, Units
+from replayer.trace.schema import Kind
+from replayer.trace.writer import RequestRecord, kind_of
 from replayer.wire import Reply
 
 log = logging.getLogger("replayer.record")
 
 CHAT_PATH = "/v1/chat/completions"
 TEXT_PATH = "/v1/completions"
-RECORDED_PATHS = frozenset({CHAT_PATH, TEXT_PATH})
+MESSAGES_PATH = "/v1/messages"
+RESPONSES_PATH = "/v1/responses"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+RECORDED_PATHS = frozenset({CHAT_PATH, TEXT_PATH, MESSAGES_PATH, RESPONSES_PATH})
+_UNITS: dict[str, Units] = {MESSAGES_PATH: "messages", RESPONSES_PATH: "responses"}
 DEFAULT_SESSION_HEADERS = ("X-Session-Id", "X-Session-Affinity", "X-Correlation-ID")
 # Not worth a byte per row: transport framing, hop-by-hop headers (RFC 9110
 # §7.6.1) and what columns already hold.
@@ -103,6 +129,8 @@ class Exchange:
     """``client`` or ``shutdown``."""
     settled_ns: int | None = None
     """When the tracker learned the reply (at ``[DONE]``, before the client saw it)."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """What the recorder did to the body (``expanded``, ``unexpanded``, ...): ``meta``."""
 
     @property
     def ok(self) -> bool:
@@ -135,6 +163,8 @@ class Recorder:
         session_headers: Iterable[str] = DEFAULT_SESSION_HEADERS,
         id_prefix: str = "rec-",
         tracker: SessionTracker | None = None,
+        record_count_tokens: bool = False,
+        response_memory: int = 256 << 20,
     ) -> None:
         self.sink = sink
         self.redactor = redactor
@@ -150,6 +180,17 @@ class Recorder:
         """Of those, exchanges that did not succeed (error status, error event, cut, abandoned)."""
         self.unrecorded = 0
         """Requests to a recorded path whose body was not a JSON object (forwarded only)."""
+        self.raw = 0
+        """Recorded as raw rows: bodies not in their API's shape (``meta.unreadable``)."""
+        self.unexpanded = 0
+        """Responses requests whose ``previous_response_id`` named no recorded response."""
+        self.paths = RECORDED_PATHS | ({COUNT_TOKENS_PATH} if record_count_tokens else set())
+        """The POST paths that are recorded (the rest are forwarded only)."""
+        self._responses: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        """Responses: response id -> (request id, JSON of the context that
+        continues it: its expanded input and its output items)."""
+        self._response_bytes = 0
+        self.response_memory = response_memory
 
     def begin(
         self,
@@ -179,7 +220,16 @@ class Recorder:
         client_id = headers.get("X-Request-Id") or None
         rid = self._request_id(client_id)
         session = next((v for h in self.session_headers if (v := headers.get(h))), None)
-        assignment = self.tracker.assign(rid, body, session)
+        notes: dict[str, Any] = {}
+        parent = self._expand(body, notes) if path == RESPONSES_PATH else None
+        if path in _UNITS and kind_of(body, path) is Kind.RAW:
+            notes["unreadable"] = _unreadable(path, body)
+            self.raw += 1
+        if path == COUNT_TOKENS_PATH:
+            assignment = self.tracker.assign(rid, None, session)  # not a turn
+        else:
+            api = _UNITS.get(path, "chat")
+            assignment = self.tracker.assign(rid, body, session, api=api, parent=parent)
         return Exchange(
             request_id=rid,
             path=path,
@@ -193,7 +243,60 @@ class Recorder:
             client_request_id=client_id,
             body_ns=body_ns,
             stream=body.get("stream") is True,
+            notes=notes,
         )
+
+    def _expand(self, body: dict[str, Any], notes: dict[str, Any]) -> str | None:
+        """Expand a chained Responses body in place; the parent's request id."""
+        prev = body.get("previous_response_id")
+        if not isinstance(prev, str) or not prev:
+            return None
+        notes["previous_response_id"] = prev
+        held = self._responses.get(prev)
+        own = body.get("input")
+        if held is None or not isinstance(own, list | str):
+            self.unexpanded += 1
+            notes["unexpanded"] = (
+                "the previous response was not recorded"
+                if held is None
+                else "input is neither a list nor a string"
+            )
+            return None
+        parent_rid, context = held
+        self._responses.move_to_end(prev)
+        if isinstance(own, str):
+            own = [{"type": "message", "role": "user", "content": own}]
+        items = orjson.loads(context)
+        notes["expanded"] = {"parent": parent_rid, "items": len(items)}
+        # the chained body, as it would have been sent to a server with no store
+        expanded = {}
+        for k, v in body.items():
+            if k == "previous_response_id":
+                continue
+            expanded[k] = [*items, *own] if k == "input" else v
+        body.clear()
+        body.update(expanded)
+        return parent_rid
+
+    def _remember_response(self, ex: Exchange, reply: Reply) -> None:
+        """Keep what a request chained to this response continues from."""
+        rid = reply.response_id
+        if rid is None or not ex.ok:
+            return
+        own = ex.body.get("input")
+        if isinstance(own, str):
+            own = [{"type": "message", "role": "user", "content": own}]
+        if not isinstance(own, list):
+            return
+        context = orjson.dumps([*own, *(reply.output_items or self._reply_items(reply))])
+        old = self._responses.pop(rid, None)
+        if old is not None:
+            self._response_bytes -= len(old[1])
+        self._responses[rid] = (ex.request_id, context)
+        self._response_bytes += len(context)
+        while self._response_bytes > self.response_memory and self._responses:
+            _, (_, gone) = self._responses.popitem(last=False)
+            self._response_bytes -= len(gone)
 
     def _request_id(self, client_id: str | None) -> str:
         if client_id:
@@ -219,9 +322,29 @@ class Recorder:
             ex.settled_ns = now_ns
 
     def _reply_of(self, ex: Exchange, r: Reply | None) -> Any:
-        if r is None or (r.text is None and not r.tool_calls):
+        """The reply in the shape the session tracker matches for the path."""
+        if r is not None and ex.path == RESPONSES_PATH:
+            self._remember_response(ex, r)
+        if r is None or (r.text is None and not r.tool_calls and not r.output_items):
             return None
-        return r.message() if ex.path == CHAT_PATH else r.text
+        if ex.path == CHAT_PATH:
+            return r.message()
+        if ex.path == MESSAGES_PATH:
+            blocks: list[Any] = [{"type": "text", "text": r.text}] if r.text else []
+            return {"role": "assistant", "content": blocks + list(r.tool_calls or [])}
+        if ex.path == RESPONSES_PATH:
+            return r.output_items or self._reply_items(r)
+        return r.text
+
+    @staticmethod
+    def _reply_items(r: Reply) -> list[Any]:
+        """Responses output items rebuilt from the text and calls (when the
+        terminal event carried none)."""
+        items: list[Any] = []
+        if r.text:
+            content = [{"type": "output_text", "text": r.text}]
+            items.append({"type": "message", "role": "assistant", "content": content})
+        return items + list(r.tool_calls or [])
 
     def finish(self, ex: Exchange) -> None:
         """The exchange is over: teach the tracker its reply and queue the row."""
@@ -289,6 +412,10 @@ class Recorder:
             meta["query"] = red.query(ex.query)
         if masked:
             meta["masked_fields"] = masked
+        meta.update(ex.notes)
+        path = ex.path
+        if ex.query:
+            path += "?" + urlencode(red.query(ex.query))
         error = ex.error or r.error
         ttft = rel(ex.first_token_ns) if ex.stream else None
         return RequestRecord.from_body(
@@ -298,7 +425,7 @@ class Recorder:
             turn=a.turn,
             start_us=(ex.start_ns - self.t0_ns) // 1000,
             end_us=None if ex.end_ns is None else (ex.end_ns - self.t0_ns) // 1000,
-            path=ex.path,
+            path=path,
             base_hint=a.parent,
             body_sha256=ex.body_sha256,
             status=ex.status,
@@ -313,3 +440,14 @@ class Recorder:
             error=red.text(error) if error is not None else None,
             meta=meta,
         )
+
+
+def _unreadable(path: str, body: dict[str, Any]) -> str:
+    """Why a body to an agent API was stored raw."""
+    key = "messages" if path == MESSAGES_PATH else "input"
+    v = body.get(key)
+    if v is None:
+        return f"no {key}"
+    if not isinstance(v, list):
+        return f"{key} is a {type(v).__name__}, not a list"
+    return f"{key} holds items that are not JSON objects"

@@ -163,6 +163,18 @@ async def serve(
     n = rec.recorded if rec is not None else 0
     size = human(_size(config.output))
     say(f"stopped; {n:,} exchanges recorded in {config.output} ({size})")
+    if rec is not None:
+        for count, what in (
+            (rec.raw, "stored raw: a body not in its API's shape (meta.unreadable says why)"),
+            (
+                rec.unexpanded,
+                "chained by previous_response_id to a response not recorded: stored as "
+                "sent (meta.unexpanded); a server without a response store will refuse them",
+            ),
+            (rec.unrecorded, "forwarded, not recorded: the body was not a JSON object"),
+        ):
+            if count:
+                say(f"  {count:,} {what}")
     if segment_of is not None and config.output != segment_of:
         say(
             f"this is a segment of {segment_of}; join the segments with: "

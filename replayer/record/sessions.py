@@ -24,12 +24,22 @@ messages. The rules, in order:
 Inferred sessions are named ``s-<request id of their first request>``, so
 names are stable and unique without a counter.
 
+The same rule serves the agent-native APIs: an Anthropic Messages request's
+unit is a message of ``messages`` (its reply: the assistant message of text
+and ``tool_use`` blocks), an OpenAI Responses request's a ``input`` item (its
+reply: the output items, a message and/or function calls). A Responses
+request's ``previous_response_id`` names its parent outright (see
+:meth:`SessionTracker.assign`'s ``parent``). Each API hashes in its own
+namespace, so a chat request never continues a Messages one.
+
 Matching must survive the client re-serializing what it sends back, so each
 message is compared in a normalized form: parsed JSON with sorted keys,
 ``content`` ``null``/missing/``""`` equal, surrounding whitespace ignored,
 text parts joined, tool-call arguments compared as parsed JSON (and ``""`` as
 ``{}``), tool-call ids and bookkeeping keys (``refusal``, ``annotations``,
-``reasoning``, ``cache_control`` …) ignored. Each request is hashed once,
+``reasoning``, ``cache_control`` …) ignored; Messages ``thinking`` blocks
+and Responses ``reasoning`` items (opaque, signed or encrypted state that
+a client may drop or keep) take no part. Each request is hashed once,
 message by message, into a running digest, and each prefix digest is looked
 up in a dict: O(request size) per request, whatever the number of sessions.
 Text prompts are grouped by their first characters and hashed incrementally
@@ -49,7 +59,8 @@ from typing import Any, Literal
 
 import orjson
 
-Source = Literal["header", "new", "next", "fork"]
+Source = Literal["header", "new", "next", "fork", "chain"]
+Units = Literal["chat", "messages", "responses"]
 _GROUP = 32  # text prompts are indexed by their first _GROUP characters
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 _PART_IGNORED = frozenset({"cache_control"})
@@ -148,21 +159,90 @@ def norm_message(message: Any) -> bytes:
     return _dumps(out)
 
 
+_SKIPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+_BOOKKEEPING = frozenset({"id", "status", "cache_control"})
+
+
+def _text_of(content: Any) -> Any:
+    """Text parts joined and stripped; other parts normalized in place."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content.strip()
+    if not isinstance(content, list):
+        return content
+    parts: list[Any] = []
+    for p in content:
+        if not isinstance(p, dict):
+            parts.append(p)
+            continue
+        kind = p.get("type")
+        if kind in _SKIPPED_BLOCKS:
+            continue
+        if kind in _TEXT_PART_TYPES and isinstance(p.get("text"), str):
+            parts.append(p["text"].strip())
+        elif kind == "tool_use":
+            parts.append({"call": p.get("name"), "args": p.get("input") or {}})
+        elif kind == "tool_result":
+            parts.append({"result": p.get("tool_use_id"), "content": _text_of(p.get("content"))})
+        else:
+            parts.append({k: v for k, v in p.items() if v is not None and k not in _BOOKKEEPING})
+    if all(isinstance(p, str) for p in parts):
+        return "".join(parts).strip()
+    return [p for p in parts if p != ""]
+
+
+def norm_anthropic(message: Any) -> bytes:
+    """The canonical bytes of one Messages message, for matching only."""
+    if not isinstance(message, dict):
+        return _dumps(message)
+    return _dumps({"role": message.get("role"), "content": _text_of(message.get("content"))})
+
+
+def norm_item(item: Any) -> bytes | None:
+    """The canonical bytes of one Responses input or output item, for matching
+    only; None for what takes no part (reasoning)."""
+    if not isinstance(item, dict):
+        return _dumps(item)
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "reasoning":
+        return None
+    if kind == "message":
+        return _dumps({"role": item.get("role"), "content": _text_of(item.get("content"))})
+    if kind == "function_call":
+        return _dumps({"call": item.get("name"), "args": _norm_arguments(item.get("arguments"))})
+    if kind == "function_call_output":
+        return _dumps({"result": item.get("call_id"), "output": _text_of(item.get("output"))})
+    return _dumps({k: v for k, v in item.items() if v is not None and k not in _BOOKKEEPING})
+
+
+def _units(api: Units, items: list[Any]) -> list[bytes]:
+    """A request's (or reply's) units in canonical bytes, skipped ones left out."""
+    if api == "chat":
+        return [norm_message(m) for m in items]
+    if api == "messages":
+        return [norm_anthropic(m) for m in items]
+    return [b for b in map(norm_item, items) if b is not None]
+
+
 def _step(h: Any, item: bytes) -> None:
     # length-prefixed, so no two message sequences hash the same byte stream
     h.update(len(item).to_bytes(8, "little"))
     h.update(item)
 
 
-def _new_hash() -> Any:
-    return hashlib.blake2b(digest_size=16)
+def _new_hash(api: Units = "chat") -> Any:
+    h = hashlib.blake2b(digest_size=16)
+    if api != "chat":
+        h.update(api.encode())  # each API matches only its own requests
+    return h
 
 
 @dataclass(slots=True)
 class _Pending:
     """What an in-flight request needs at completion to register its keys."""
 
-    kind: Literal["chat", "text"]
+    kind: Literal["chat", "messages", "responses", "text"]
     state: Any  # hash object after the request's own content
     digest: bytes  # digest of the request's own content
     group: str = ""  # text: first characters of the prompt
@@ -200,11 +280,27 @@ class SessionTracker:
     # -- arrival -----------------------------------------------------------------
 
     def assign(
-        self, request_id: str, body: Mapping[str, Any] | None, header_session: str | None = None
+        self,
+        request_id: str,
+        body: Mapping[str, Any] | None,
+        header_session: str | None = None,
+        *,
+        api: Units = "chat",
+        parent: str | None = None,
     ) -> Assignment:
-        parent = self._match(request_id, body)
+        """Place a request. ``api`` says what its units are (``messages`` for
+        Anthropic bodies, ``responses`` for Responses ``input`` items);
+        ``parent`` is a request the client named as its predecessor (a
+        ``previous_response_id``): it wins over any match."""
+        matched = self._match(request_id, body, api)
         if header_session:
-            return self._place(request_id, header_session, "header", parent)
+            return self._place(request_id, header_session, "header", parent or matched)
+        if parent is not None and parent in self._info:
+            sid = self._info[parent][0]
+            if self._last.get(sid) == parent:
+                return self._place(request_id, sid, "chain", parent)
+            return self._place(request_id, f"s-{request_id}", "fork", parent)
+        parent = matched
         if parent is not None:
             info = self._info.get(parent)
             if info is not None and self._last.get(info[0]) == parent:
@@ -224,29 +320,34 @@ class SessionTracker:
                 self._turns.pop(old_sid, None)
         return Assignment(session_id=sid, turn=turn, source=source, parent=parent)
 
-    def _match(self, rid: str, body: Mapping[str, Any] | None) -> str | None:
+    def _match(self, rid: str, body: Mapping[str, Any] | None, api: Units) -> str | None:
         if not isinstance(body, Mapping):
             return None
+        if api == "responses":
+            items = body.get("input")
+            if isinstance(items, str):
+                items = [{"type": "message", "role": "user", "content": items}]
+            return self._match_chat(rid, items, api) if isinstance(items, list) else None
         messages = body.get("messages")
         if isinstance(messages, list):
-            return self._match_chat(rid, messages)
+            return self._match_chat(rid, messages, api)
         prompt = body.get("prompt")
-        if isinstance(prompt, str):
+        if isinstance(prompt, str) and api == "chat":
             return self._match_text(rid, prompt)
         return None
 
-    def _match_chat(self, rid: str, messages: list[Any]) -> str | None:
-        h = _new_hash()
+    def _match_chat(self, rid: str, messages: list[Any], api: Units) -> str | None:
+        h = _new_hash(api)
         best: str | None = None
         best_digest = digest = h.digest()
-        for m in messages:
-            _step(h, norm_message(m))
+        for unit in _units(api, messages):
+            _step(h, unit)
             digest = h.digest()
             hit = self._chat.get(digest)
             if hit is not None:
                 # later prefixes are longer: the last hit is the longest match
                 best, best_digest = hit, digest
-        self._pending[rid] = _Pending("chat", h, digest)
+        self._pending[rid] = _Pending(api, h, digest)
         if best is not None:
             self._chat.move_to_end(best_digest)  # a live session's key stays remembered
         return best
@@ -272,17 +373,19 @@ class SessionTracker:
     def complete(self, request_id: str, reply: Any, *, ok: bool) -> None:
         """Register what later requests may extend.
 
-        ``reply``: chat, the assembled assistant message (dict); text, the
-        completion text; None when nothing came back. ``ok``: the exchange
+        ``reply``: chat and Messages, the assembled assistant message (dict);
+        Responses, the output items (list); text, the completion text; None
+        when nothing came back. ``ok``: the exchange
         succeeded (a failed or abandoned one is also matchable without its
         reply, for the agent's retry)."""
         p = self._pending.pop(request_id, None)
         if p is None:
             return
-        if p.kind == "chat":
+        if p.kind != "text":
             if reply is not None:
                 h = p.state.copy()
-                _step(h, norm_message(reply))
+                for unit in _units(p.kind, reply if isinstance(reply, list) else [reply]):
+                    _step(h, unit)
                 self._remember_chat(h.digest(), request_id)
             if not ok:
                 self._remember_chat(p.digest, request_id)

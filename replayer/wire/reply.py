@@ -78,6 +78,11 @@ class Reply:
     """The message of an error body or in-stream error event."""
     error_type: str | None = None
     error_code: Any = None
+    response_id: str | None = None
+    """Responses: the response's own id (what a later ``previous_response_id`` names)."""
+    output_items: list[Any] | None = None
+    """Responses: the output items as the terminal event or body carried them
+    (kept with ``keep_text``): what a chained request's context continues with."""
     by_choice: dict[int, Choice] = field(default_factory=dict)
 
     # -- filled by accumulators -------------------------------------------------

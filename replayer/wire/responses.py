@@ -63,6 +63,10 @@ class ResponsesAccumulator(Accumulator):
             if isinstance(resp, dict):
                 self._status(ch, resp)
             self.reply.done = True
+        elif kind == "response.created":
+            resp = obj.get("response")
+            if isinstance(resp, dict):
+                self._identify(resp)
         return False
 
     def _body(self, obj: dict[str, Any]) -> None:
@@ -86,7 +90,16 @@ class ResponsesAccumulator(Accumulator):
                     ch.digest.update(args.encode())
         self._status(ch, obj)
 
+    def _identify(self, resp: dict[str, Any]) -> None:
+        rid = resp.get("id")
+        if isinstance(rid, str) and rid:
+            self.reply.response_id = rid
+
     def _status(self, ch: Choice, resp: dict[str, Any]) -> None:
+        self._identify(resp)
+        output = resp.get("output")
+        if self.reply.keep_text and isinstance(output, list):
+            self.reply.output_items = output
         status = resp.get("status")
         details = resp.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None

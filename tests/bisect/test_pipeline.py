@@ -140,6 +140,11 @@ async def test_exact_prefix_when_the_crash_comes_later(tmp_path):
     assert m["prefix_length"] == 8
 
 
+SLOT_US = 150_000
+"""Requests of the shared-document trace are this far apart: a reaches b
+600 ms ahead (300 ms at 2x), room for a loaded machine to finish a first."""
+
+
 def shared_document_trace(tmp_path):
     """Sessions a and b open with the same 4,000-token document; six others
     share nothing. b hits the prefix cache only if a ran before it."""
@@ -168,8 +173,8 @@ def shared_document_trace(tmp_path):
                     request_id=f"{sid}-0",
                     session_id=sid,
                     turn=0,
-                    start_us=i * 50_000,
-                    end_us=i * 50_000 + 5_000,
+                    start_us=i * SLOT_US,
+                    end_us=i * SLOT_US + 5_000,
                 )
             )
     return Trace.open(p)
@@ -178,9 +183,9 @@ def shared_document_trace(tmp_path):
 @pytest.mark.slow
 async def test_exact_subset_for_a_trigger_that_needs_two_sessions(tmp_path):
     t = shared_document_trace(tmp_path)
-    # recorded timing (50 ms apart): a is in the cache by the time b arrives;
-    # at 2x (25 ms) still, while asap makes it a race the timing stage must
-    # not trade the reliable timing for, so it is not offered here
+    # recorded timing (SLOT_US apart): a is in the cache by the time b arrives;
+    # at 2x still, while asap makes it a race the timing stage must not trade
+    # the reliable timing for, so it is not offered here
     opts = BisectOptions(
         calibrate_matches=2, calibrate_runs=4, confirm=2, speedups=(2.0,), try_asap=False
     )

@@ -1,0 +1,286 @@
+"""Anthropic Messages and OpenAI Responses through the recording proxy, with
+the official SDKs as the clients, against the emulator: the clients see what
+they see direct; the trace holds ``messages`` and ``responses`` rows with
+the sessions the agents had (a ``previous_response_id`` chain included,
+stored expanded); replaying it against a fresh server with no response store
+delivers the recorded bodies, in order; credentials never land."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+
+from replayer.cli import main
+from replayer.trace.reader import Trace
+
+MODEL = "agent-model"
+EMU_ARGS = [
+    "--speed", "instant", "--seed", "7", "--served-model-name", MODEL,
+    "--enable-prompt-tokens-details", "--block-size", "16",
+]  # fmt: skip
+STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+SYSTEM = [{"type": "text", "text": "You are a careful coding agent. " * 8}]
+TOOLS_A: list[Any] = [
+    {
+        "name": "read_file",
+        "description": "Read a file.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
+TOOLS_R: list[Any] = [
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file.",
+        "parameters": TOOLS_A[0]["input_schema"],
+    }
+]
+KEY = "sk-ant-secret-0123456789"
+
+
+def cli(*args: object) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def requests_of(emu: Any) -> list[dict[str, Any]]:
+    return [e for e in emu.read_request_log() if e["event"] == "request"]
+
+
+async def claude_session(base_url: str, name: str, turns: int) -> AsyncIterator[Any]:
+    """A Claude Code-like agent: thinking and tool use in its history, the
+    reply's blocks sent back every turn, streamed on odd turns."""
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=KEY, max_retries=0)
+    history: list[Any] = [
+        {"role": "user", "content": [{"type": "text", "text": f"{name}: fix the build. " * 10}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Read it first.", "signature": "c2ln"},
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{name}",
+                    "name": "read_file",
+                    "input": {"path": "Makefile"},
+                },
+            ],
+        },  # fmt: skip
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": f"toolu_{name}", "content": "all:"}],
+        },
+    ]
+    try:
+        for turn in range(turns):
+            kw: dict[str, Any] = dict(
+                model=MODEL, system=SYSTEM, tools=TOOLS_A, messages=history, max_tokens=8 + turn
+            )
+            if turn % 2:
+                async with client.messages.stream(**kw) as s:
+                    msg = await s.get_final_message()
+            else:
+                msg = await client.messages.create(**kw)
+            blocks = [b.model_dump(exclude_none=True) for b in msg.content]
+            yield (msg.stop_reason, blocks, msg.usage.model_dump())
+            history = [*history, {"role": "assistant", "content": blocks}]
+            history.append({"role": "user", "content": [{"type": "text", "text": f"next {turn}"}]})
+    finally:
+        await client.close()
+
+
+async def codex_session(base_url: str, name: str, turns: int, *, chain: bool) -> AsyncIterator[Any]:
+    """A Codex-like agent: the full input every turn (``chain=False``), or
+    only the new input, chained by ``previous_response_id``."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0)
+    items: list[Any] = [
+        {"type": "message", "role": "user", "content": f"{name}: run the tests. " * 10},
+        {"type": "function_call", "call_id": f"call_{name}", "name": "read_file",
+         "arguments": '{"path": "tests/test_x.py"}'},
+        {"type": "function_call_output", "call_id": f"call_{name}", "output": "def test(): 1"},
+    ]  # fmt: skip
+    prev: str | None = None
+    try:
+        for turn in range(turns):
+            kw: dict[str, Any] = dict(
+                model=MODEL, instructions="You are Codex.", tools=TOOLS_R,
+                max_output_tokens=8 + turn, input=items,
+            )  # fmt: skip
+            if chain and prev is not None:
+                kw["previous_response_id"] = prev
+            if turn % 2:
+                async with client.responses.stream(**kw) as s:
+                    resp = await s.get_final_response()
+            else:
+                resp = await client.responses.create(**kw)
+            out = [o.model_dump(exclude_none=True) for o in resp.output]
+            yield (resp.status, resp.output_text, resp.usage.model_dump())
+            prev = resp.id
+            new = [{"type": "message", "role": "user", "content": f"next {turn}"}]
+            # chained: only what is new; expanded: the whole context again
+            items = new if chain else [*items, *out, *new]
+    finally:
+        await client.close()
+
+
+async def round_robin(*agents: AsyncIterator[Any]) -> list[list[Any]]:
+    """Each agent's next turn in turn: sessions interleave, in one order every
+    run (the emulator's outputs and cache hits depend on arrival order)."""
+    seen: list[list[Any]] = [[] for _ in agents]
+    live = dict(enumerate(agents))
+    for _ in range(100):  # bounded: agents here take a few turns
+        if not live:
+            break
+        for i, agent in list(live.items()):
+            try:
+                seen[i].append(await anext(agent))
+            except StopAsyncIteration:
+                del live[i]
+    return seen
+
+
+async def test_sdks_see_what_they_see_direct_and_the_trace_keeps_the_sessions(
+    emulator_factory, proxy_factory, tmp_path
+):
+    direct = emulator_factory(EMU_ARGS, env=STORE)
+    behind = emulator_factory(EMU_ARGS, env=STORE, log_bodies=True)
+    proxy = await proxy_factory(behind.url, add_request_id=True)
+
+    async def agents(url: str) -> list[Any]:
+        return await round_robin(
+            claude_session(url, "c1", 3),
+            claude_session(url, "c2", 3),
+            codex_session(url, "x1", 3, chain=False),
+            codex_session(url, "x2", 3, chain=True),
+        )
+
+    want = await agents(direct.url)
+    got = await agents(proxy.url)
+    assert got == want
+    assert [len(s) for s in want] == [3, 3, 3, 3]
+    await proxy.stop()
+    t = Trace.open(proxy.config.output)
+    c = t.column
+    assert len(t) == 12 and not t.torn_tail
+    by_session: dict[str, list[int]] = {}
+    for r in t.order:
+        by_session.setdefault(c("session_id")[r], []).append(r)
+    # four sessions, three turns each, in order; each session one API
+    assert sorted(len(rows) for rows in by_session.values()) == [3, 3, 3, 3]
+    for rows in by_session.values():
+        assert [c("turn")[r] for r in rows] == [0, 1, 2]
+        assert len({c("kind")[r] for r in rows}) == 1
+    kinds = sorted(c("kind")[rows[0]] for rows in by_session.values())
+    assert kinds == ["messages", "messages", "responses", "responses"]
+    # bodies: what the server got, except the chain, which is stored expanded
+    log = {e["request_id"]: e for e in requests_of(behind)}
+    meta = {r: orjson.loads(t._cell(r, "meta")) for r in range(len(t))}
+    chained = [r for r in range(len(t)) if "previous_response_id" in meta[r]]
+    assert len(chained) == 2
+    for r in range(len(t)):
+        sent = log[c("request_id")[r]]["body"]
+        if r not in chained:
+            assert t.body(r) == sent
+            continue
+        body = t.body(r)
+        assert "previous_response_id" not in body and sent["previous_response_id"]
+        assert meta[r]["session"] == "chain"
+        parent = t.row_of(meta[r]["expanded"]["parent"])
+        assert c("session_id")[parent] == c("session_id")[r]
+        assert c("turn")[parent] == c("turn")[r] - 1
+        # parent's (expanded) input, its output items, then the new input
+        assert body["input"][: len(t.body(parent)["input"])] == t.body(parent)["input"]
+        assert body["input"][-1] == sent["input"][-1]
+        assert {k: v for k, v in body.items() if k != "input"} == {
+            k: v for k, v in sent.items() if k not in ("input", "previous_response_id")
+        }
+    # outcomes recorded from each API's stream or body
+    for r in range(len(t)):
+        o = t.outcome(r)
+        assert o["status"] == 200 and o["usage_prompt_tokens"] > 0
+        assert (o["ttft_us"] is not None) == bool(c("stream")[r])
+    # the API key never lands
+    assert KEY.encode() not in proxy.config.output.read_bytes()
+
+    # replay against a fresh server with no response store: every body is
+    # accepted (the chain arrives expanded) and arrives as recorded, in order
+    fresh = emulator_factory(EMU_ARGS, log_bodies=True)
+    rc, out, err = await asyncio.to_thread(
+        cli, "replay", proxy.config.output, "--target", fresh.url, "--timing", "asap",
+        "--max-inflight", "1", "--no-force-stream", "--out", tmp_path / "run", "--json",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert orjson.loads(out)["targets"]["target"]["status"] == {"ok": 12}
+    log2 = requests_of(fresh)
+    assert [e["request_id"] for e in log2] == [c("request_id")[r] for r in t.order]
+    assert [e["body"] for e in log2] == [t.body(r) for r in t.order]
+    assert [e["path"] for e in log2] == [c("path")[r].partition("?")[0] for r in t.order]
+
+
+async def test_a_chain_whose_parent_was_not_recorded_is_stored_as_sent(
+    emulator_factory, proxy_factory
+):
+    emu = emulator_factory(EMU_ARGS, env=STORE)
+    client = openai.AsyncOpenAI(base_url=f"{emu.url}/v1", api_key="x", max_retries=0)
+    first = await client.responses.create(model=MODEL, input="hello", max_output_tokens=4)
+    await client.close()
+    proxy = await proxy_factory(emu.url)
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+    await client.responses.create(
+        model=MODEL, input="again", max_output_tokens=4, previous_response_id=first.id
+    )
+    await client.close()
+    await proxy.stop()
+    assert proxy.recorder.unexpanded == 1
+    t = Trace.open(proxy.config.output)
+    assert t.body(0)["previous_response_id"] == first.id
+    meta = orjson.loads(t._cell(0, "meta"))
+    assert meta["unexpanded"] == "the previous response was not recorded"
+    assert t.column("kind") == ["raw"]  # a string input has no items
+
+
+async def test_query_string_kept_count_tokens_forwarded_and_odd_bodies_recorded_raw(
+    emulator_factory, proxy_factory
+):
+    emu = emulator_factory(EMU_ARGS, log_bodies=True)
+    proxy = await proxy_factory(emu.url)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
+    msgs = [{"role": "user", "content": "count me"}]
+    n = await client.beta.messages.count_tokens(model=MODEL, messages=msgs)
+    assert n.input_tokens > 0
+    await client.close()
+    async with httpx.AsyncClient(base_url=proxy.url) as h:
+        # Claude Code's own spelling of a beta request (this SDK sends a header)
+        body = {"model": MODEL, "messages": msgs, "max_tokens": 4}
+        r = await h.post("/v1/messages?beta=true", json=body, headers={"x-api-key": KEY})
+        assert r.status_code == 200
+        r = await h.post("/v1/messages", json={"model": MODEL, "messages": "hi", "max_tokens": 4})
+        assert r.status_code == 400  # forwarded as sent: the server's answer
+    await proxy.stop()
+    t = Trace.open(proxy.config.output)
+    # count_tokens passed through, not recorded; ?beta=true kept on the path
+    assert t.column("path") == ["/v1/messages?beta=true", "/v1/messages"]
+    assert t.column("kind") == ["messages", "raw"]
+    assert orjson.loads(t._cell(1, "meta"))["unreadable"] == "messages is a str, not a list"
+    assert (proxy.recorder.raw, proxy.forwarded) == (1, 3)
+    assert KEY.encode() not in proxy.config.output.read_bytes()
+
+    # asked to, it records count_tokens too: each its own session, never a turn
+    proxy = await proxy_factory(emu.url, "counted.arrow", record_count_tokens=True)
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
+    await client.messages.create(model=MODEL, messages=msgs, max_tokens=4)
+    await client.messages.count_tokens(model=MODEL, messages=msgs)
+    await client.close()
+    await proxy.stop()
+    t = Trace.open(proxy.config.output)
+    assert t.column("path") == ["/v1/messages", "/v1/messages/count_tokens"]
+    assert len(set(t.column("session_id"))) == 2 and t.column("turn") == [0, 0]
