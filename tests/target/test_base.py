@@ -13,7 +13,7 @@ import pytest
 
 from replayer._async import spawn
 from replayer._clock import VirtualClock
-from replayer.errors import LaunchError, TargetError, UsageError
+from replayer.errors import LaunchError, OptionError, TargetError
 from replayer.target import ExitInfo, ExternalTarget, ResetMode, ResetResult, reset_mode
 from replayer.target.base import NotReady, ServerTarget
 from tests.target.conftest import MODEL, chat
@@ -116,9 +116,13 @@ async def test_external_prefix_reset_on_a_dead_server_is_an_error(emulator_facto
 
 def test_reset_mode_parsing():
     assert reset_mode("prefix-cache") is ResetMode.PREFIX_CACHE
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(OptionError) as err:
         reset_mode("flush")
-    assert str(err.value) == "--reset 'flush': expected one of prefix-cache, restart, none"
+    # the library names the parameter; the CLI says --reset (tests/cli)
+    assert (err.value.param, str(err.value)) == (
+        "reset",
+        "reset 'flush': expected one of prefix-cache, restart, none",
+    )
 
 
 def test_exit_info_from_returncode():
