@@ -12,7 +12,7 @@ BENCHES = (
     "trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm", "wire",
     "integrity", "bisect_fake", "agent_kinds",
 )  # fmt: skip
-ON_REQUEST = ("loaded",)
+ON_REQUEST = ("loaded", "aiperf_inputs")
 """Run only when named: they take the whole machine for most of an hour."""
 OUT = Path(__file__).resolve().parent / "out"
 

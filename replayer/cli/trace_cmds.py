@@ -78,9 +78,10 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.jsonl")
     p.add_argument(
         "--format",
-        choices=("jsonl", "aiperf"),
+        choices=("jsonl", "aiperf", "aiperf-inputs"),
         default="jsonl",
-        help="jsonl: replayer rows with full bodies; aiperf: AIPerf mooncake_trace rows",
+        help="jsonl: replayer rows with full bodies; aiperf: AIPerf mooncake_trace rows; "
+        "aiperf-inputs: an AIPerf inputs.json (verbatim payloads by session)",
     )
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.set_defaults(func=cmd_export)

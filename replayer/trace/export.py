@@ -15,6 +15,13 @@ namespace (kv-cache-tester) become globally unique integers, numbered in
 order of first appearance, so traces that reuse local ids never share
 prompts inside AIPerf; the sharing structure survives, the token values (a
 function of the original ids) do not.
+
+``aiperf-inputs`` writes one AIPerf ``inputs.json`` document: ``{"data":
+[{"session_id", "payloads": [body, ...]}, ...]}``, sessions in order of
+their first request, each session's bodies in turn order, verbatim (any
+kind, ``raw`` included). AIPerf replays it with ``--custom-dataset-type
+inputs_json``; ``replayer import aiperf-payloads`` reads it back. Bodies
+carry no path: give AIPerf the endpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from replayer.trace.integrity import corrupt
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
 
-FORMATS = ("jsonl", "aiperf")
+FORMATS = ("jsonl", "aiperf", "aiperf-inputs")
 # Body keys AIPerf sets itself from its own options.
 _AIPERF_OWN = {
     "model",
@@ -51,9 +58,12 @@ def _ms(us: int) -> int | float:
     return us // 1000 if us % 1000 == 0 else round(us / 1000, 3)
 
 
-def jsonl_lines(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[bytes]:
-    """``rows`` (default: all) in the given order; a body whose length is not
-    its recorded ``body_bytes`` is a damaged row, never a line."""
+def checked_bodies(
+    trace: Trace, rows: Sequence[int] | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """``(row, body)`` of ``rows`` (default: all) in the given order; a body
+    whose length is not its recorded ``body_bytes`` is a damaged row, never
+    an output."""
     c = trace.column
     sizes = c("body_bytes")
     check = trace.tokens == trace.recorded_tokens
@@ -64,6 +74,12 @@ def jsonl_lines(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[byt
                 f"row {row} ({c('request_id')[row]})",
                 f"body is {len(body):,} bytes, body_bytes says {sizes[row]:,}",
             )
+        yield row, body
+
+
+def jsonl_lines(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[bytes]:
+    c = trace.column
+    for row, body in checked_bodies(trace, rows):
         yield orjson.dumps(
             {
                 "request_id": c("request_id")[row],
@@ -116,12 +132,40 @@ def aiperf_lines(
         yield orjson.dumps(out)
 
 
+def inputs_json(trace: Trace, out: IO[bytes], rows: Sequence[int] | None = None) -> int:
+    """``rows`` as an AIPerf ``inputs.json``, session by session (streamed:
+    each body is written as it is built); the bodies written."""
+    sess, turn = trace.column("session_id"), trace.column("turn")
+    order = trace.order if rows is None else list(rows)
+    first: dict[str, int] = {}
+    for i, r in enumerate(order):
+        first.setdefault(sess[r], i)
+    grouped = sorted(order, key=lambda r: (first[sess[r]], turn[r], r))
+    out.write(b'{"data":[')
+    current: str | None = None
+    n = 0
+    for row, body in checked_bodies(trace, grouped):
+        if sess[row] != current:
+            if current is not None:
+                out.write(b"]},")
+            current = sess[row]
+            out.write(b'{"session_id":' + orjson.dumps(current) + b',"payloads":[')
+        else:
+            out.write(b",")
+        out.write(body)
+        n += 1
+    out.write(b"]}]}\n" if current is not None else b"]}\n")
+    return n
+
+
 def write(
     trace: Trace, out: IO[bytes], fmt: str, rows: Sequence[int] | None = None
 ) -> tuple[int, list[str]]:
     """Write ``rows`` (default: every request, in trace order); returns
     (lines written, request ids skipped)."""
     skipped: list[str] = []
+    if fmt == "aiperf-inputs":
+        return inputs_json(trace, out, rows), skipped
     lines = jsonl_lines(trace, rows) if fmt == "jsonl" else aiperf_lines(trace, skipped, rows)
     n = 0
     for line in lines:

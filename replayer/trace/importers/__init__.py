@@ -29,6 +29,7 @@ IMPORTERS: dict[str, str] = {
     "swe-agent": "replayer.trace.importers.swe_agent",
     "openai-jsonl": "replayer.trace.importers.openai_jsonl",
     "aiperf": "replayer.trace.importers.aiperf",
+    "aiperf-payloads": "replayer.trace.importers.aiperf_payloads",
 }
 
 
