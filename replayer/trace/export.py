@@ -58,9 +58,7 @@ def _ms(us: int) -> int | float:
     return us // 1000 if us % 1000 == 0 else round(us / 1000, 3)
 
 
-def checked_bodies(
-    trace: Trace, rows: Sequence[int] | None = None
-) -> Iterator[tuple[int, bytes]]:
+def checked_bodies(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[tuple[int, bytes]]:
     """``(row, body)`` of ``rows`` (default: all) in the given order; a body
     whose length is not its recorded ``body_bytes`` is a damaged row, never
     an output."""
