@@ -38,7 +38,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-from replayer.emulator import tokenizer
+from replayer.emulator import anthropic, responses, tokenizer
 from replayer.emulator.config import EmulatorConfig
 from replayer.emulator.generate import (
     GENERATION_PATHS,
@@ -342,6 +342,12 @@ def create_app(cfg: EmulatorConfig, runtime: Runtime | None = None) -> web.Appli
     r.add_post("/detokenize", detokenize)
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/completions", completions)
+    r.add_post("/v1/messages", anthropic.messages)
+    r.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
+    r.add_post("/v1/responses", responses.create)
+    r.add_get("/v1/responses/{response_id}", responses.retrieve, allow_head=False)
+    r.add_post("/v1/responses/{response_id}/cancel", responses.cancel)
+    app[responses.STORE] = responses.ResponseStore()
     if cfg.dev_mode:
         r.add_get("/server_info", server_info, allow_head=False)
         r.add_post("/reset_prefix_cache", reset_prefix_cache)

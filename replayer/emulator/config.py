@@ -125,6 +125,10 @@ class EmulatorConfig:
     """``VLLM_SERVER_DEV_MODE=1``: serve ``/server_info``, ``/reset_prefix_cache``, ..."""
     keep_alive_on_engine_death: bool = False
     """``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``: an ``exit`` fault leaves the API up."""
+    responses_store: bool = False
+    """``VLLM_ENABLE_RESPONSES_API_STORE=1``: keep ``/v1/responses`` answers in
+    memory, so ``previous_response_id`` and ``GET /v1/responses/{id}`` work
+    (off, as in vLLM: both answer 404)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """``VLLM_*`` environment seen at start (reported by ``/server_info``)."""
     _profile: str = field(default="", init=False, repr=False, compare=False)
@@ -485,5 +489,6 @@ def config_from_args(
         log_file=args.log_file,
         dev_mode=env.get("VLLM_SERVER_DEV_MODE", "0") == "1",
         keep_alive_on_engine_death=env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") == "1",
+        responses_store=env.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") == "1",
         env={k: v for k, v in env.items() if k.startswith("VLLM_") and "KEY" not in k},
     )

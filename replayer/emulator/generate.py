@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -32,7 +34,7 @@ from replayer.emulator.parsing import (
     parse_generation,
     parse_json_body,
 )
-from replayer.emulator.request import DEAD, INTERNAL, Output, Request
+from replayer.emulator.request import DEAD, Output, Request
 from replayer.emulator.runtime import Runtime
 from replayer.emulator.wire import (
     DONE,
@@ -50,8 +52,15 @@ from replayer.emulator.wire import (
 )
 
 RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)
+T = TypeVar("T")
 SESSION_HEADERS = ("X-Session-Id", "X-Session-Affinity", "X-Correlation-ID")
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+GENERATION_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+)
 
 
 def json_response(body: bytes, status: int = 200) -> web.Response:
@@ -95,16 +104,60 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=False)
 
 
-async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
-    rt = request.app[RUNTIME]
-    cfg = rt.cfg
+async def intake(request: web.Request, rt: Runtime) -> tuple[bytes, dict[str, Any]]:
+    """The body and the request-log fields every generation request starts with."""
     raw = await request.read()
     xrid = request.headers.get("X-Request-Id")
     fields: dict[str, Any] = {"seq": rt.next_seq(), "request_id": xrid, "path": request.path}
     peer = request.transport.get_extra_info("peername") if request.transport else None
     fields["peer_port"] = peer[1] if peer else None  # which client connection (reuse)
-    if cfg.log_bodies:
+    if rt.cfg.log_bodies:
         fields.update(_body_fields(raw))
+    return raw, fields
+
+
+async def serve(
+    request: web.Request,
+    rt: Runtime,
+    g: Generation,
+    n_out: int,
+    reason: str,
+    engine_id: str,
+    fields: dict[str, Any],
+    answer: Callable[[Request], Awaitable[T]],
+) -> T:
+    """Hand a validated request to the engine (logged there, faults evaluated)
+    and ``answer`` it (stream or body: each API renders its own). Shared by
+    every generation route so that ``rt.inflight`` counts it alike and a
+    request the answer left unfinished (the client went away) is aborted."""
+    cfg = rt.cfg
+    hashes = (
+        tokenizer.block_hashes(g.stream_bytes, cfg.block_size) if cfg.enable_prefix_caching else []
+    )
+    req = rt.engine.add(
+        engine_id=engine_id,
+        prompt_len=g.prompt_len,
+        hashes=hashes,
+        max_tokens=n_out,
+        length_reason=reason,
+        params_max_tokens=g.requested_max_tokens or n_out,
+        session=session_of(request.headers),
+        log_fields=fields,
+    )
+    rt.inflight += 1
+    try:
+        return await answer(req)
+    finally:
+        rt.inflight -= 1
+        if req.error is None and req.finish is None:
+            rt.engine.abort(req)
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    cfg = rt.cfg
+    raw, fields = await intake(request, rt)
+    xrid = fields["request_id"]
     try:
         body = parse_json_body(raw, request.headers.get("Content-Type"))
         fields["model"] = body.get("model") if isinstance(body.get("model"), str) else None
@@ -141,60 +194,58 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         return resp
 
     base = f"{'chatcmpl' if chat else 'cmpl'}-{xrid if xrid else rt.hex(16)}"
-    hashes = (
-        tokenizer.block_hashes(g.stream_bytes, cfg.block_size) if cfg.enable_prefix_caching else []
-    )
-    req = rt.engine.add(
-        engine_id=f"{base}-{rt.hex(8)}",
-        prompt_len=g.prompt_len,
-        hashes=hashes,
-        max_tokens=n_out,
-        length_reason=reason,
-        params_max_tokens=g.requested_max_tokens or n_out,
-        session=session_of(request.headers),
-        log_fields=fields,
-    )
-    rt.inflight += 1
-    try:
-        if g.stream:
-            return await _stream(request, rt, g, req, base)
-        return await _unary(request, rt, g, req, base)
-    finally:
-        rt.inflight -= 1
-        if req.error is None and req.finish is None:
-            rt.engine.abort(req)
+    reply = partial(_stream if g.stream else _unary, request, rt, g, base=base)
+    return await serve(request, rt, g, n_out, reason, f"{base}-{rt.hex(8)}", fields, reply)
 
 
-def _cut(request: web.Request) -> None:
+def cut_connection(request: web.Request) -> None:
     """Drop the connection: what was written is flushed, the body never ends."""
     if request.transport is not None:
         request.transport.close()
+
+
+async def last_output(
+    request: web.Request, req: Request, failed: Callable[[str], web.Response]
+) -> str | web.Response:
+    """What a JSON body waits for: the request's finish reason, or the
+    response that replaces the body (``failed(kind)`` when the engine died or
+    failed; an empty one, never sent, when a cut fault dropped the connection)."""
+    while True:
+        out = await req.next()
+        if out.error is not None:
+            return failed(out.error)
+        if out.cut:
+            cut_connection(request)
+            return json_response(b"", 500)  # never reaches the wire
+        if out.finish is not None:
+            return out.finish
+
+
+def failed(rt: Runtime, kind: str) -> web.Response:
+    """The JSON 500 of an OpenAI-shaped request whose engine died (``kind``
+    ``DEAD``, which also counts toward the server's exit) or failed."""
+    profile = rt.cfg.profile
+    if kind == DEAD:
+        rt.dead_engine_hit()
+        return json_response(dead_body(profile), 500)
+    msg = error_body(profile, INTERNAL_MESSAGE, "InternalServerError", None, 500)
+    return json_response(msg, 500)
 
 
 async def _unary(
     request: web.Request, rt: Runtime, g: Generation, req: Request, base: str
 ) -> web.StreamResponse:
     cfg = rt.cfg
-    while True:
-        out = await req.next()
-        if out.error == DEAD:
-            rt.dead_engine_hit()
-            return json_response(dead_body(cfg.profile), 500)
-        if out.error == INTERNAL:
-            msg = error_body(cfg.profile, INTERNAL_MESSAGE, "InternalServerError", None, 500)
-            return json_response(msg, 500)
-        if out.cut:
-            _cut(request)
-            return json_response(b"", 500)  # never reaches the wire
-        if out.finish is not None:
-            break
+    finish = await last_output(request, req, partial(failed, rt))
+    if isinstance(finish, web.Response):
+        return finish
     cached = req.num_cached if cfg.enable_prompt_tokens_details else None
     args = (
         base,
         int(time.time()),
         g.model,
         filler(req.text_seed, 0, req.num_output),
-        out.finish,
+        finish,
         cfg.system_fingerprint,
         req.prompt_len,
         req.num_output,
@@ -237,13 +288,21 @@ async def _stream(
         created_cache=created_cache(rt, g, req),
         tail_fields=cfg.profile == "0.33",
     )
+    resp, _ = await sse(request, partial(_pump, request, rt, g, req, shape))
+    return resp
+
+
+async def sse(
+    request: web.Request, pump: Callable[[web.StreamResponse], Awaitable[T]]
+) -> tuple[web.StreamResponse, T | None]:
+    """An SSE response that ``pump`` writes, and what ``pump`` returned: None
+    when the client went away (``serve`` then aborts the request)."""
     resp = web.StreamResponse(headers={"Content-Type": SSE_CONTENT_TYPE})
     try:
         await resp.prepare(request)
-        await _pump(request, rt, g, req, shape, resp)
+        return resp, await pump(resp)
     except ConnectionError:
-        pass  # the client went away; the caller aborts the request
-    return resp
+        return resp, None
 
 
 async def _pump(
@@ -256,13 +315,13 @@ async def _pump(
 ) -> None:
     cfg = rt.cfg
     role_sent = not g.chat
-    while True:
-        out: Output = await req.next()
+
+    def render(out: Output) -> list[bytes]:
+        nonlocal role_sent
         if out.error is not None:
             if out.error == DEAD:
                 rt.log.stream_error(g.chat)
-            await resp.write(error_event(cfg.profile, g.chat, out.error) + DONE)
-            break
+            return [error_event(cfg.profile, g.chat, out.error) + DONE]
         parts: list[bytes] = []
         if out.tokens:
             if not role_sent:
@@ -276,11 +335,28 @@ async def _pump(
             if shape.include_usage:
                 parts.append(shape.usage(req.num_output))
             parts.append(DONE)
+        return parts
+
+    await write_outputs(request, req, resp, render)
+
+
+async def write_outputs(
+    request: web.Request,
+    req: Request,
+    resp: web.StreamResponse,
+    render: Callable[[Output], list[bytes]],
+) -> None:
+    """An SSE body: each engine output as ``render`` frames it (shared by the
+    APIs whose stream ends cleanly on an error). An error's frames are the
+    last before the end, a cut drops the connection after its frames."""
+    while True:
+        out = await req.next()
+        parts = render(out)
         if parts:
             await resp.write(b"".join(parts))
-        if out.cut:
-            _cut(request)
+        if out.error is None and out.cut:
+            cut_connection(request)
             return
-        if out.finish is not None:
+        if out.error is not None or out.finish is not None:
             break
     await resp.write_eof()

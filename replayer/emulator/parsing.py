@@ -40,6 +40,12 @@ _JSON_TYPES = ("application/json",)
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
 MAX_ID = (1 << 64) - 1
+_TYPE_MESSAGES = {
+    "string_type": "Input should be a valid string",
+    "list_type": "Input should be a valid list",
+    "int_type": "Input should be a valid integer",
+}
+"""pydantic's message for each type error :func:`check_required` reports."""
 
 
 class ApiError(Exception):
@@ -86,6 +92,29 @@ def validation_error(errors: list[dict[str, Any] | str]) -> ApiError:
 def field_error(type_: str, loc: str, msg: str, value: object) -> dict[str, Any]:
     """One pydantic validation error, as vLLM's 400 bodies list them."""
     return {"type": type_, "loc": loc, "msg": msg, "input": _summary(value)}
+
+
+def check_required(
+    body: dict[str, Any],
+    key: str,
+    ok: type | tuple[type, ...],
+    type_: str,
+    errors: list[dict[str, Any] | str],
+) -> bool:
+    """pydantic's check of a required field ``body.<key>``, shared by the
+    APIs' request models: ``missing`` when it is absent, ``type_`` when its
+    value is not an ``ok`` (a bool is not taken for an int). True when it
+    passed, for the caller's further checks."""
+    loc = f"body.{key}"
+    if key not in body:
+        errors.append(field_error("missing", loc, "Field required", body))
+        return False
+    value = body[key]
+    oks = ok if isinstance(ok, tuple) else (ok,)
+    if not isinstance(value, oks) or (isinstance(value, bool) and bool not in oks):
+        errors.append(field_error(type_, loc, _TYPE_MESSAGES[type_], value))
+        return False
+    return True
 
 
 def parse_json_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
@@ -208,29 +237,21 @@ class Generation:
 def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> Generation:
     """Field validation and tokenization (no limits, no model check)."""
     errors: list[dict[str, Any] | str] = []
-    if chat:
-        msgs = body.get("messages")
-        if "messages" not in body:
-            errors.append(field_error("missing", "body.messages", "Field required", body))
-        elif not isinstance(msgs, list):
-            errors.append(
-                field_error("list_type", "body.messages", "Input should be a valid list", msgs)
-            )
-        else:
-            for i, m in enumerate(msgs):
-                if not isinstance(m, dict):
-                    errors.append(
-                        field_error(
-                            "model_type",
-                            f"body.messages.{i}",
-                            "Input should be a valid dictionary or instance of Message",
-                            m,
-                        )
+    if chat and check_required(body, "messages", list, "list_type", errors):
+        for i, m in enumerate(body["messages"]):
+            if not isinstance(m, dict):
+                errors.append(
+                    field_error(
+                        "model_type",
+                        f"body.messages.{i}",
+                        "Input should be a valid dictionary or instance of Message",
+                        m,
                     )
-                elif not isinstance(m.get("role"), str):
-                    errors.append(
-                        field_error("missing", f"body.messages.{i}.role", "Field required", m)
-                    )
+                )
+            elif not isinstance(m.get("role"), str):
+                errors.append(
+                    field_error("missing", f"body.messages.{i}.role", "Field required", m)
+                )
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         errors.append(
@@ -440,17 +461,22 @@ def _negative_ids(prompt: list[int]) -> list[dict[str, Any] | str]:
     return errors
 
 
-def check_limits(g: Generation, cfg: EmulatorConfig) -> tuple[int, str]:
-    """vLLM's context checks; returns (tokens to generate, finish reason at the end)."""
+def check_limits(
+    g: Generation, cfg: EmulatorConfig, max_param: str = "max_tokens"
+) -> tuple[int, str]:
+    """vLLM's context checks; returns (tokens to generate, finish reason at the end).
+    ``max_param`` names the output limit as the API calls it (Anthropic's
+    ``max_tokens`` becomes chat's ``max_completion_tokens``; Responses has
+    ``max_output_tokens``)."""
     m, p, x = cfg.max_model_len, g.prompt_len, g.requested_max_tokens
     profile = cfg.profile
     if p == 0:
         raise bad_request("The decoder prompt cannot be empty")
     if x is not None and x > m and cfg.modern:
         raise bad_request(
-            f"max_tokens={x} cannot be greater than max_model_len={m}. "
+            f"{max_param}={x} cannot be greater than max_model_len={m}. "
             "Please request fewer output tokens.",
-            "max_tokens",
+            max_param,
             x,
         )
     if p > m:

@@ -42,7 +42,6 @@ import os
 import random
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,14 +54,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from replayer.testing.emulator import EmulatorProcess, poll_until
+from tests.conformance.conftest import BOUND, watched_emulator, watched_vllm
 
 MODEL = "tiny-llama"
 VOCAB = 8192
 MAX_MODEL_LEN = 16384
 BLOCK = 128
 """vLLM's KV block on CPU; the emulator is started with the same."""
-BOUND = 60.0
-"""Upper bound, in seconds, on any single wait here."""
 WATCHDOG = 5.0
 """vLLM's watchdog period: a dead engine with no request hitting it ends the
 server at the next tick, counted from when the server started listening."""
@@ -230,14 +228,6 @@ def _vllm(srv: Any) -> Server:
     )
 
 
-def _accepting(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def emulator_tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
     emu = EmulatorProcess(
@@ -255,14 +245,7 @@ def emulator_plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulato
         [*EMULATOR_ARGS, "--no-enable-auto-tool-choice", "--decode-time", "0.005"],
         workdir=tmp_path_factory.mktemp("conformance-emulator-plain"),
     )
-    emu.launch()  # bound, not yet listening
-    poll_until(lambda: _accepting(emu.port), BOUND, what="the emulator listening")
-    emu.listening_since = time.monotonic()  # type: ignore[attr-defined]
-    emu.wait_ready()
-    try:
-        yield emu
-    finally:
-        emu.stop()
+    yield from watched_emulator(emu)
 
 
 @pytest.fixture(scope="module")
@@ -275,33 +258,8 @@ def vllm_plain(
     tokens/s (10 ms more per step): the tiny model streams 8,000 tokens in
     ~6 s on a fast machine, which ended the death test's stream before its
     kill (CI, stop 18); the wire is unchanged."""
-    from replayer.testing.vllm import VLLMServer, free_port
-
-    srv = VLLMServer(
-        vllm_env,
-        vllm_models["llama"],
-        tmp_path_factory.mktemp("conformance-vllm") / "server.log",
-        tools=False,
-        extra=("--enable-prompt-tokens-details",),
-        served_name=MODEL,
-        port=free_port(),
-        environ={"REPLAYER_VLLM_FAULTS": "slow add=0.01 when step=1"},
-    )
-    seen: list[float] = []
-
-    def watch() -> None:
-        poll_until(lambda: _accepting(srv.port), srv.startup_timeout, what="vLLM listening")
-        seen.append(time.monotonic())
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    srv.start()
-    try:
-        watcher.join(BOUND)
-        srv.listening_since = seen[0] if seen else None
-        yield srv
-    finally:
-        srv.stop()
+    log = tmp_path_factory.mktemp("conformance-vllm") / "server.log"
+    yield from watched_vllm(vllm_env, vllm_models["llama"], log, MODEL)
 
 
 @pytest.fixture(params=["emulator", "vllm"])
