@@ -21,7 +21,7 @@ from typing import Any
 from replayer.bisect.pipeline import STAGES, BisectOptions
 from replayer.errors import OptionError
 from replayer.monitor.watch import WatchConfig
-from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
+from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, ResponsesState, Timing
 from replayer.target.base import ResetMode
 from replayer.target.base import reset_mode as reset_mode  # the builders are all here
 
@@ -98,6 +98,15 @@ POLICY = Group(
             default="verbatim",
             choices=tuple(m.value for m in Mode),
             help="live: the target's replies replace recorded assistant turns (chat)",
+        ),
+        Opt(
+            "responses_state",
+            default="expand",
+            choices=tuple(m.value for m in ResponsesState),
+            help="Responses requests recorded with previous_response_id: expand (default: "
+            "full context inline, no server store needed) or chain (own input, "
+            "previous_response_id re-pointed at the live response; needs "
+            "VLLM_ENABLE_RESPONSES_API_STORE=1)",
         ),
         Opt(
             "force_stream",
@@ -369,7 +378,12 @@ def replay_policy(values: Mapping[str, Any]) -> ReplayPolicy:
             "token_range", f"wants 0 <= LO < HI, not {token_range[0]}:{token_range[1]}"
         )
     header = v["session_header"]
-    for name, enum in (("timing", Timing), ("order", Order), ("mode", Mode)):
+    for name, enum in (
+        ("timing", Timing),
+        ("order", Order),
+        ("mode", Mode),
+        ("responses_state", ResponsesState),
+    ):
         _choice(name, v[name], enum)
     _choice("on_failure", v["on_failure"], OnFailure)
     try:
@@ -379,6 +393,7 @@ def replay_policy(values: Mapping[str, Any]) -> ReplayPolicy:
             speed=float(v["speed"]),
             max_inflight=v["max_inflight"],
             mode=Mode(v["mode"]),
+            responses_state=ResponsesState(v["responses_state"]),
             force_stream=bool(v["force_stream"]),
             model=v["model"],
             skip_over_context=bool(v["skip_over_context"]),

@@ -49,10 +49,11 @@ from replayer.monitor.watch import (
 from replayer.replay import client
 from replayer.replay.client import Endpoint, TargetFacts
 from replayer.replay.plan import Plan
-from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy
+from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, ResponsesState
 from replayer.replay.results import Result, ResultsWriter, Status
 from replayer.trace.reader import BodyBuilder, Trace
 from replayer.trace.schema import Kind
+from replayer.wire import Api, api_for_path
 from replayer.wire import Reply as StreamStats
 
 log = logging.getLogger("replayer.replay")
@@ -158,6 +159,10 @@ class TargetRun:
     # live mode: per session, (position in context, recorded reply replaced by live JSON)
     live_subs: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     context_len: dict[int, int] = field(default_factory=dict)
+    response_ids: dict[str, str] = field(default_factory=dict)
+    """Responses (chain mode): request id -> the id of its live response."""
+    unchained: int = 0
+    """Chain mode: chained requests sent expanded (no live parent response)."""
 
     def fail(self, failure: Failure, *, stop: bool = True) -> None:
         """Declare the target failed (first failure wins); stop dispatching to it.
@@ -244,6 +249,19 @@ class Replay:
         self._patch: dict[str, Any] = {}
         if policy.model:
             self._patch["model"] = policy.model
+        self._chain = self._chained() if policy.responses_state is ResponsesState.CHAIN else {}
+
+    def _chained(self) -> dict[int, tuple[str, int]]:
+        """Rows the recorder expanded from a ``previous_response_id``: row ->
+        (the parent's request id, context items it prepended)."""
+        out: dict[int, tuple[str, int]] = {}
+        for row in self.plan.rows:
+            if api_for_path(self._path[row]) is not Api.RESPONSES:
+                continue
+            exp = (self.trace.meta(row) or {}).get("expanded")
+            if isinstance(exp, dict) and isinstance(exp.get("items"), int):
+                out[row] = (str(exp.get("parent")), exp["items"])
+        return out
 
     # -- set-up --------------------------------------------------------------
 
@@ -252,6 +270,8 @@ class Replay:
             return self._patch or None
         patch = dict(self._patch)
         patch["stream"] = True
+        if api_for_path(self._path[row]) in (Api.MESSAGES, Api.RESPONSES):
+            return patch  # their streams always carry usage; stream_options is not theirs
         opts = {"include_usage": True}
         params = orjson.loads(self.trace.params_text(row))
         if isinstance(params.get("stream_options"), dict):
@@ -484,6 +504,20 @@ class Replay:
     def _body(self, run: TargetRun, i: int) -> bytes:
         row = self.plan.rows[i]
         patch = self._body_patch(row)
+        chained = self._chain.get(row)
+        if chained is not None:
+            live = run.response_ids.get(chained[0])
+            if live is not None:  # as the client sent it, chained to the live parent
+                content = run.builder.content(row)[chained[1] :]
+                patch = {**(patch or {}), "previous_response_id": live}
+                return run.builder.json(row, patch, content=content)
+            run.unchained += 1
+            if run.unchained == 1:
+                log.warning(
+                    "%s: %s has no live parent response to chain to; sent expanded",
+                    run.target.name,
+                    self._rid[row],
+                )
         if self.policy.mode is Mode.LIVE and self._kind[row] == Kind.CHAT:
             content = run.builder.content(row)
             run.context_len[i] = len(content)
@@ -650,6 +684,8 @@ class Replay:
             run.watch.completed(r.request_id, r.error if r.status is not Status.OK else None)
         if self.policy.mode is Mode.LIVE and r.status is Status.OK and i in run.context_len:
             self._thread_live_reply(run, i, stats.assistant_message())
+        if self._chain and stats.response_id is not None and r.status is Status.OK:
+            run.response_ids[r.request_id] = stats.response_id
         if r.status is not Status.OK:
             run.errors += 1
             if r.error_class == "client_resources" and not self._warned_fds:

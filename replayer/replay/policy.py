@@ -62,6 +62,16 @@ class Mode(StrEnum):
     """Chat only: the target's own replies replace recorded assistant turns."""
 
 
+class ResponsesState(StrEnum):
+    """How a Responses request recorded with ``previous_response_id`` is sent."""
+
+    EXPAND = "expand"
+    """As stored: its full context inline (works with vLLM's default, no store)."""
+    CHAIN = "chain"
+    """As the client sent it: its own input, ``previous_response_id`` naming
+    the live response of its parent (needs the server's response store)."""
+
+
 class OnFailure(StrEnum):
     STOP = "stop"
     CONTINUE = "continue"
@@ -92,6 +102,8 @@ class ReplayPolicy:
     """Token-id range for blocks payloads (a model's vocabulary)."""
     save_output: bool = False
     """Keep each response's text in the results (for divergence checks)."""
+    responses_state: ResponsesState = ResponsesState.EXPAND
+    """Chained Responses requests: expanded inline, or re-chained to live ids."""
 
     def __post_init__(self) -> None:
         if not self.speed > 0:

@@ -57,7 +57,9 @@ def requests_of(emu: Any) -> list[dict[str, Any]]:
     return [e for e in emu.read_request_log() if e["event"] == "request"]
 
 
-async def claude_session(base_url: str, name: str, turns: int) -> AsyncIterator[Any]:
+async def claude_session(
+    base_url: str, name: str, turns: int, *, model: str = MODEL
+) -> AsyncIterator[Any]:
     """A Claude Code-like agent: thinking and tool use in its history, the
     reply's blocks sent back every turn, streamed on odd turns."""
     client = anthropic.AsyncAnthropic(base_url=base_url, api_key=KEY, max_retries=0)
@@ -83,8 +85,9 @@ async def claude_session(base_url: str, name: str, turns: int) -> AsyncIterator[
     try:
         for turn in range(turns):
             kw: dict[str, Any] = dict(
-                model=MODEL, system=SYSTEM, tools=TOOLS_A, messages=history, max_tokens=8 + turn
-            )
+                model=model, system=SYSTEM, tools=TOOLS_A, messages=history,
+                max_tokens=8 + turn, extra_body={"temperature": 0},  # greedy (no SDK arg)
+            )  # fmt: skip
             if turn % 2:
                 async with client.messages.stream(**kw) as s:
                     msg = await s.get_final_message()
@@ -98,7 +101,9 @@ async def claude_session(base_url: str, name: str, turns: int) -> AsyncIterator[
         await client.close()
 
 
-async def codex_session(base_url: str, name: str, turns: int, *, chain: bool) -> AsyncIterator[Any]:
+async def codex_session(
+    base_url: str, name: str, turns: int, *, chain: bool, model: str = MODEL
+) -> AsyncIterator[Any]:
     """A Codex-like agent: the full input every turn (``chain=False``), or
     only the new input, chained by ``previous_response_id``."""
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0)
@@ -112,8 +117,8 @@ async def codex_session(base_url: str, name: str, turns: int, *, chain: bool) ->
     try:
         for turn in range(turns):
             kw: dict[str, Any] = dict(
-                model=MODEL, instructions="You are Codex.", tools=TOOLS_R,
-                max_output_tokens=8 + turn, input=items,
+                model=model, instructions="You are Codex.", tools=TOOLS_R,
+                max_output_tokens=8 + turn, input=items, temperature=0,
             )  # fmt: skip
             if chain and prev is not None:
                 kw["previous_response_id"] = prev
@@ -224,6 +229,30 @@ async def test_sdks_see_what_they_see_direct_and_the_trace_keeps_the_sessions(
     assert [e["request_id"] for e in log2] == [c("request_id")[r] for r in t.order]
     assert [e["body"] for e in log2] == [t.body(r) for r in t.order]
     assert [e["path"] for e in log2] == [c("path")[r].partition("?")[0] for r in t.order]
+
+    # or chained again, to a server with a store: each chained request carries
+    # only its own input, and previous_response_id names a response this fresh
+    # server made and keeps (its parent's, in this replay)
+    store = emulator_factory(EMU_ARGS, env=STORE, log_bodies=True)
+    rc, out, err = await asyncio.to_thread(
+        cli, "replay", proxy.config.output, "--target", store.url, "--timing", "asap",
+        "--responses-state", "chain", "--no-force-stream", "--out", tmp_path / "chain",
+        "--json",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert orjson.loads(out)["targets"]["target"]["status"] == {"ok": 12}
+    log3 = {e["request_id"]: e["body"] for e in requests_of(store)}
+    for r in chained:
+        rid = c("request_id")[r]
+        body, recorded = log3[rid], log[rid]["body"]
+        assert body["input"] == recorded["input"]  # its own input, as the client sent it
+        async with httpx.AsyncClient(base_url=store.url) as h:
+            held = await h.get(f"/v1/responses/{body['previous_response_id']}")
+        assert held.status_code == 200
+        parent = t.row_of(meta[r]["expanded"]["parent"])
+        assert held.json()["output"][0]["content"][0]["text"] == t.outcome(parent)["output_text"]
+    others = [c("request_id")[r] for r in range(len(t)) if r not in chained]
+    assert all(log3[rid] == t.body(t.row_of(rid)) for rid in others)
 
 
 async def test_a_chain_whose_parent_was_not_recorded_is_stored_as_sent(

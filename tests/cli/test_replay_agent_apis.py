@@ -1,0 +1,61 @@
+"""Replaying Anthropic Messages and OpenAI Responses traces: the same agent
+sessions in each API, against the emulator, deliver their bodies and meet an
+engine death exactly as chat does (the class, what was lost, what was never
+sent); the failing request's own kind is its API's (vLLM's /v1/responses
+stream is cut, where chat and Messages get an error event)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from replayer.trace import Trace
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "agent-model"
+SYNTH = ["--sessions", "3", "--turns", "4", "--context", "3000", "--system-tokens", "500",
+         "--rate", "0", "--think", "0.01", "--max-tokens", "16", "--model", MODEL]  # fmt: skip
+KIND = {"chat": "stream_error", "messages": "stream_error", "responses": "stream_cut"}
+
+
+def run(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replayer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_engine_death_is_classified_as_on_chat(emulator_factory, tmp_path, api):
+    trace = tmp_path / f"{api}.arrow"
+    res = run("synth", "-o", trace, "--api", api, *SYNTH)
+    assert res.returncode == 0, res.stderr
+    emu = emulator_factory(
+        ["--speed", "4", "--served-model-name", MODEL, "--fault", "dead when request=5"],
+        log_bodies=True,
+    )
+    res = run(
+        "replay", trace, "--target", emu.url, "--timing", "asap", "--settle", "1",
+        "--out", tmp_path / "r", "--json", "--quiet",
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    t = orjson.loads(res.stdout)["targets"]["target"]
+    errors = sum(n for k, n in t["status"].items() if k not in ("ok", "not_sent_after_crash"))
+    assert (t["status"]["ok"], errors, t["status"]["not_sent_after_crash"]) == (3, 3, 6)
+    f = t["failure"]
+    assert (f["class"], f["kind"]) == ("engine_dead", KIND[api])
+    # the first turns went through with their recorded bodies; forcing streams
+    # adds stream_options to chat only (the other APIs' streams carry usage)
+    tr = Trace.open(trace)
+    sent = [e for e in emu.read_request_log() if e["event"] == "request"]
+    patch = {"stream_options": {"include_usage": True}} if api == "chat" else {}
+    first = {tr.column("request_id")[r]: {**tr.body(r), **patch} for r in tr.order[:3]}
+    assert {e["request_id"]: e["body"] for e in sent if e["request_id"] in first} == first
