@@ -29,10 +29,11 @@ from replayer.replay.engine import Replay
 from replayer.replay.plan import build_plan
 from replayer.replay.policy import ReplayPolicy
 from replayer.replay.progress import Progress
-from replayer.replay.results import ResultsWriter
+from replayer.replay.results import Result, ResultsWriter
 from replayer.replay.summary import summarize_target
 from replayer.trace.reader import Trace
 from replayer.trace.tokens import TokenSpace
+from replayer.wire import api_for_path
 
 if TYPE_CHECKING:
     from replayer.replay.observer import ReplayObserver
@@ -174,8 +175,16 @@ async def replay_to_dir(
     run_info["trace"]["sha256"] = hashing.result()
     run_info["t0_offset_note"] = "result times are microseconds after T0"
     _write_json(out / "run.json", run_info)
+    paths = trace.column("path")
+
+    def api_of(r: Result) -> str:
+        api = api_for_path(paths[r.row])
+        return api.value if api is not None else "other"
+
     targets_summary = {
-        name: summarize_target(run.results, run.failure, run.report, run.prefix_cache)
+        name: summarize_target(
+            run.results, run.failure, run.report, run.prefix_cache, api_of=api_of
+        )
         for name, run in replay.runs.items()
     }
     for t in targets_summary.values():

@@ -10,7 +10,7 @@ the first dispatch to the last completion.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from replayer.monitor.watch import FailureReport
@@ -36,12 +36,44 @@ def _dist_ms(values_us: Sequence[int]) -> dict[str, float | None]:
     }
 
 
+def by_api(results: Sequence[Result], api_of: Callable[[Result], str]) -> dict[str, Any]:
+    """Per API (chat completions, Messages, Responses...), the figures a
+    mixed trace needs apart: each API's framing has its own TTFT and usage."""
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        groups.setdefault(api_of(r), []).append(r)
+    out: dict[str, Any] = {}
+    for api, rs in sorted(groups.items()):
+        ok = [r for r in rs if r.status is Status.OK]
+        out[api] = {
+            "requests": len(rs),
+            "status": dict(sorted(Counter(r.status.value for r in rs).items())),
+            "ttft_ms": _dist_ms(_span(ok, "first_token_us")),
+            "e2e_ms": _dist_ms(_span(ok, "done_us")),
+            "prompt_tokens": sum(r.prompt_tokens or 0 for r in ok),
+            "completion_tokens": sum(r.completion_tokens or 0 for r in ok),
+            "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
+        }
+    return out
+
+
+def _span(ok: Sequence[Result], end: str) -> list[int]:
+    out = []
+    for r in ok:
+        t = getattr(r, end)
+        if t is not None and r.dispatched_us is not None:
+            out.append(t - r.dispatched_us)
+    return out
+
+
 def summarize_target(
     results: Sequence[Result],
     failure: Failure | None,
     report: FailureReport | None = None,
     prefix_cache: dict[str, float] | None = None,
+    api_of: Callable[[Result], str] | None = None,
 ) -> dict[str, Any]:
+    """``api_of`` (the API of a result's request) adds ``by_api``."""
     counts = Counter(r.status.value for r in results)
     sent = [r for r in results if r.seq is not None]
     ok = [r for r in sent if r.status is Status.OK]
@@ -83,6 +115,7 @@ def summarize_target(
         "exercised": exercised(len(sent), len(rejected)),
         "first_rejection": _rejection(min(rejected, key=_seq)) if rejected else None,
         **_cached(ok, prefix_cache, failed=failure is not None),
+        **({"by_api": by_api(results, api_of)} if api_of is not None else {}),
     }
 
 
@@ -189,7 +222,18 @@ def render(summary: dict[str, Any]) -> str:
                 f"  throughput {t['throughput_rps']:,.1f} req/s, "
                 f"{t['output_tokens_per_s']:,.0f} output tok/s over {t['span_s']:.2f} s"
             )
+        if len(t.get("by_api") or {}) > 1:  # a mixed trace: each API apart
+            for api, a in t["by_api"].items():
+                lines.append(
+                    f"  {api}: {a['requests']:,} requests ("
+                    + ", ".join(f"{k} {v:,}" for k, v in a["status"].items())
+                    + f"), ttft p50 {_ms_text(a['ttft_ms']['p50'])}"
+                )
     return "\n".join(lines)
+
+
+def _ms_text(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f} ms"
 
 
 def unexercised_text(summary: dict[str, Any]) -> str | None:

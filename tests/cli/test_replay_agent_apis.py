@@ -6,6 +6,7 @@ stream is cut, where chat and Messages get an error event)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import sys
 import orjson
 import pytest
 
-from replayer.trace import Trace
+from replayer.trace import Trace, TraceMeta, TraceWriter
 
 pytestmark = pytest.mark.e2e
 
@@ -59,3 +60,29 @@ def test_engine_death_is_classified_as_on_chat(emulator_factory, tmp_path, api):
     patch = {"stream_options": {"include_usage": True}} if api == "chat" else {}
     first = {tr.column("request_id")[r]: {**tr.body(r), **patch} for r in tr.order[:3]}
     assert {e["request_id"]: e["body"] for e in sent if e["request_id"] in first} == first
+
+
+def test_a_mixed_trace_reports_each_api_apart(emulator_factory, tmp_path):
+    parts = []
+    for api in ("chat", "messages", "responses"):
+        p = tmp_path / f"{api}.arrow"
+        assert run("synth", "-o", p, "--api", api, *SYNTH).returncode == 0
+        parts.append((api, Trace.open(p)))
+    mixed = tmp_path / "mixed.arrow"
+    with TraceWriter(mixed, TraceMeta(source="test")) as w:
+        for api, t in parts:
+            for r in t.order:
+                rec = t.record(r)
+                w.add(dataclasses.replace(rec, request_id=f"{api}/{rec.request_id}",
+                                          session_id=f"{api}/{rec.session_id}"))  # fmt: skip
+    emu = emulator_factory(["--speed", "instant", "--served-model-name", MODEL])
+    res = run("replay", mixed, "--target", emu.url, "--timing", "asap", "--out", tmp_path / "r")
+    assert res.returncode == 0, res.stderr
+    t = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())["targets"]["target"]
+    by = t["by_api"]
+    assert list(by) == ["chat.completions", "messages", "responses"]
+    assert [by[a]["status"] for a in by] == [{"ok": 12}] * 3
+    assert all(by[a]["ttft_ms"]["n"] == 12 and by[a]["prompt_tokens"] > 0 for a in by)
+    assert sum(by[a]["completion_tokens"] for a in by) == t["completion_tokens"]
+    for api in by:
+        assert f"  {api}: 12 requests (ok 12), ttft p50 " in res.stdout
