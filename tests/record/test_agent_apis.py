@@ -228,6 +228,7 @@ async def test_sdks_see_what_they_see_direct_and_the_trace_keeps_the_sessions(
     log2 = requests_of(fresh)
     assert [e["request_id"] for e in log2] == [c("request_id")[r] for r in t.order]
     assert [e["body"] for e in log2] == [t.body(r) for r in t.order]
+    assert [e["session"] for e in log2] == [c("session_id")[r] for r in t.order]
     assert [e["path"] for e in log2] == [c("path")[r].partition("?")[0] for r in t.order]
 
     # or chained again, to a server with a store: each chained request carries
