@@ -26,7 +26,7 @@ repeat runs to see their noise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +227,35 @@ def divergence(base: TargetResults, other: TargetResults, listed: int = 20) -> d
     }
 
 
+def _api_rows(configs: Sequence[Config], row: Callable[..., None]) -> None:
+    """Rows per API when a run mixes them (chat, Messages, Responses): each
+    API's requests, ok count and median TTFT from ``summary.json``'s
+    ``by_api``, with plain ratios (the bootstrap rows are for the run as a
+    whole)."""
+    by = {c.label: (c.target.summary.get("by_api") or {}) for c in configs}
+    apis = sorted({a for d in by.values() for a in d})
+    if len(apis) < 2:
+        return
+    base = configs[0].label
+
+    def figure(a: dict[str, Any], key: str) -> Any:
+        if key == "ok":
+            return (a.get("status") or {}).get("ok", 0)
+        if key == "ttft_p50_ms":
+            return (a.get("ttft_ms") or {}).get("p50")
+        return a.get(key)
+
+    for api in apis:
+        for key, label, unit in (
+            ("requests", "requests", ""),
+            ("ok", "ok", ""),
+            ("ttft_p50_ms", "TTFT p50", "ms"),
+        ):
+            values = {lab: figure(d[api], key) if api in d else None for lab, d in by.items()}
+            vs = {c.label: _plain_ratio(values[c.label], values[base]) for c in configs[1:]}
+            row(f"{api}_{key}", f"{api} {label}", unit, values, vs)
+
+
 def compare_group(title: str, configs: Sequence[Config], opts: CompareOptions) -> dict[str, Any]:
     """One table: every config against the first (see the module docstring)."""
     base = configs[0]
@@ -257,6 +286,7 @@ def compare_group(title: str, configs: Sequence[Config], opts: CompareOptions) -
         {c.label: stats[c.label]["failure"] for c in configs},
         {c.label: {"ratio": None, "low": None, "high": None, "verdict": ""} for c in configs[1:]},
     )
+    _api_rows(configs, row)
     samples = {
         c.label: {m: sorted(c.target.latencies_ms(m)) for m, _ in LATENCIES} for c in configs
     }

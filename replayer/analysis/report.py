@@ -254,9 +254,45 @@ def _chart(fig_id: str) -> str:
     return f'<section><div class="chart" id="{fig_id}"></div></section>'
 
 
+def api_table(run: RunData) -> str:
+    """Per API, when a run mixes them (from ``summary.json``'s ``by_api``):
+    each API's framing has its own TTFT and usage."""
+    rows = []
+    for name, t in run.targets.items():
+        by = t.summary.get("by_api") or {}
+        if len(by) < 2:
+            continue
+        for api, a in by.items():
+            st = a.get("status") or {}
+            ttft, e2e = a.get("ttft_ms") or {}, a.get("e2e_ms") or {}
+            cells = [
+                _e(name),
+                _e(api),
+                f"{a.get('requests', 0):,}",
+                f"{st.get('ok', 0):,}",
+                _e(", ".join(f"{k} {v:,}" for k, v in st.items() if k != "ok")) or "-",
+                _ms(ttft.get("p50")),
+                _ms(ttft.get("p90")),
+                _ms(e2e.get("p50")),
+                f"{a.get('prompt_tokens', 0):,}",
+                f"{a.get('cached_tokens', 0):,}",
+            ]
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    if not rows:
+        return ""
+    head = (
+        "<tr><th>target</th><th>API</th><th>requests</th><th>ok</th><th>other</th>"
+        "<th>TTFT p50</th><th>p90</th><th>E2E p50</th><th>prompt tok</th><th>cached tok</th></tr>"
+    )
+    return (
+        '<section id="by-api"><h2>By API</h2><div class="tablewrap"><table>'
+        f"{head}{''.join(rows)}</table></div></section>"
+    )
+
+
 def run_sections(run: RunData, figs: dict[str, F.Figure], prefix: str = "") -> str:
     """Every section of one run; its figures are added to ``figs``."""
-    parts = [run_facts(run), summary_table(run)]
+    parts = [run_facts(run), summary_table(run), api_table(run)]
     for t in run.targets.values():
         parts.append(failure_section(t, run.signature))
     for ti, t in enumerate(run.targets.values()):

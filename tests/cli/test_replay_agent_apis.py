@@ -14,6 +14,8 @@ import sys
 import orjson
 import pytest
 
+from replayer.analysis.compare import compare_runs
+from replayer.analysis.report import render_report
 from replayer.trace import Trace, TraceMeta, TraceWriter
 
 pytestmark = pytest.mark.e2e
@@ -92,3 +94,14 @@ def test_a_mixed_trace_reports_each_api_apart(emulator_factory, tmp_path):
     assert sum(by[a]["completion_tokens"] for a in by) == t["completion_tokens"]
     for api in by:
         assert f"  {api}: 12 requests (ok 12), ttft p50 " in res.stdout
+    # compare puts each API's rows beside the run's own
+    (g,) = compare_runs([tmp_path / "r", tmp_path / "r"], labels=["a", "b"])["groups"]
+    rows = {r["key"]: r for r in g["rows"]}
+    for api in by:
+        assert rows[f"{api}_requests"]["values"] == {"a": 12, "b": 12}
+        assert rows[f"{api}_ok"]["vs_baseline"]["b"]["ratio"] == 1.0
+        assert rows[f"{api}_ttft_p50_ms"]["values"]["a"] == by[api]["ttft_ms"]["p50"]
+    # and the HTML report has a row per API
+    html = render_report(tmp_path / "r")
+    section = html[html.index('<section id="by-api">') :].split("</section>")[0]
+    assert [f"<td>{api}</td><td>12</td><td>12</td>" in section for api in by] == [True] * 3
