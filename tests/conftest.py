@@ -63,9 +63,8 @@ def vllm_shared(
 ) -> Iterator[SharedVLLM]:
     """A Llama on real vLLM as production agents need it: tool calling on,
     per-request cached tokens, dev mode (prefix-cache reset), 4 renderer
-    workers (parallel templating, which reorders admission), the Responses
-    store (for previous_response_id chains), and the plugin's admission
-    record. Tests that stop it (SIGSTOP) resume it before they end."""
+    workers (parallel templating, which reorders admission), and the plugin's
+    admission record. Tests that stop it (SIGSTOP) resume it before they end."""
     from replayer.testing.vllm import VLLMServer
 
     d = tmp_path_factory.mktemp("vllm-shared")
@@ -81,12 +80,7 @@ def vllm_shared(
             "--middleware",
             "replayer.testing.vllm_plugin.ReceiptMiddleware",
         ),
-        environ={
-            "VLLM_SERVER_DEV_MODE": "1",
-            "REPLAYER_VLLM_ADMISSION_LOG": str(admission),
-            # Responses chained by previous_response_id (the agent tests)
-            "VLLM_ENABLE_RESPONSES_API_STORE": "1",
-        },
+        environ={"VLLM_SERVER_DEV_MODE": "1", "REPLAYER_VLLM_ADMISSION_LOG": str(admission)},
         served_name="tiny-llama",
     )
     srv.start()
