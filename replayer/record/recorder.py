@@ -61,7 +61,7 @@ from urllib.parse import urlencode
 import orjson
 
 from replayer.record.redact import Redactor
-from replayer.record.sessions import Assignment, SessionTracker, Units
+from replayer.record.sessions import Assignment, SessionTracker, Units, input_items
 from replayer.trace.schema import Kind
 from replayer.trace.writer import RequestRecord, kind_of
 from replayer.wire import Reply
@@ -253,8 +253,8 @@ class Recorder:
             return None
         notes["previous_response_id"] = prev
         held = self._responses.get(prev)
-        own = body.get("input")
-        if held is None or not isinstance(own, list | str):
+        own = input_items(body.get("input"))
+        if held is None or own is None:
             self.unexpanded += 1
             notes["unexpanded"] = (
                 "the previous response was not recorded"
@@ -264,8 +264,6 @@ class Recorder:
             return None
         parent_rid, context = held
         self._responses.move_to_end(prev)
-        if isinstance(own, str):
-            own = [{"type": "message", "role": "user", "content": own}]
         items = orjson.loads(context)
         notes["expanded"] = {"parent": parent_rid, "items": len(items)}
         # the chained body, as it would have been sent to a server with no store
@@ -283,10 +281,8 @@ class Recorder:
         rid = reply.response_id
         if rid is None or not ex.ok:
             return
-        own = ex.body.get("input")
-        if isinstance(own, str):
-            own = [{"type": "message", "role": "user", "content": own}]
-        if not isinstance(own, list):
+        own = input_items(ex.body.get("input"))
+        if own is None:
             return
         context = orjson.dumps([*own, *(reply.output_items or self._reply_items(reply))])
         old = self._responses.pop(rid, None)

@@ -216,6 +216,14 @@ def norm_item(item: Any) -> bytes | None:
     return _dumps({k: v for k, v in item.items() if v is not None and k not in _BOOKKEEPING})
 
 
+def input_items(value: Any) -> list[Any] | None:
+    """A Responses ``input`` as items: a string is one user message (as the
+    API reads it); None for anything else."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return value if isinstance(value, list) else None
+
+
 def _units(api: Units, items: list[Any]) -> list[bytes]:
     """A request's (or reply's) units in canonical bytes, skipped ones left out."""
     if api == "chat":
@@ -324,10 +332,8 @@ class SessionTracker:
         if not isinstance(body, Mapping):
             return None
         if api == "responses":
-            items = body.get("input")
-            if isinstance(items, str):
-                items = [{"type": "message", "role": "user", "content": items}]
-            return self._match_chat(rid, items, api) if isinstance(items, list) else None
+            items = input_items(body.get("input"))
+            return self._match_chat(rid, items, api) if items is not None else None
         messages = body.get("messages")
         if isinstance(messages, list):
             return self._match_chat(rid, messages, api)
