@@ -63,7 +63,9 @@ def vllm_shared(
 ) -> Iterator[SharedVLLM]:
     """A Llama on real vLLM as production agents need it: tool calling on,
     per-request cached tokens, dev mode (prefix-cache reset), 4 renderer
-    workers (parallel templating, which reorders admission), and the plugin's
+    workers (parallel templating, which reorders admission), the Responses
+    store (for previous_response_id chains; vLLM's answers without a store
+    are checked on the conformance suite's own server), and the plugin's
     admission record. Tests that stop it (SIGSTOP) resume it before they end."""
     from replayer.testing.vllm import VLLMServer
 
@@ -80,7 +82,12 @@ def vllm_shared(
             "--middleware",
             "replayer.testing.vllm_plugin.ReceiptMiddleware",
         ),
-        environ={"VLLM_SERVER_DEV_MODE": "1", "REPLAYER_VLLM_ADMISSION_LOG": str(admission)},
+        environ={
+            "VLLM_SERVER_DEV_MODE": "1",
+            "REPLAYER_VLLM_ADMISSION_LOG": str(admission),
+            # Responses chained by previous_response_id (the agent tests)
+            "VLLM_ENABLE_RESPONSES_API_STORE": "1",
+        },
         served_name="tiny-llama",
     )
     srv.start()

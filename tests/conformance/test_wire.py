@@ -205,6 +205,9 @@ class Server:
             conn.close()
 
     def openai(self) -> openai.OpenAI:
+        """A client to use as a context manager: one left open holds its
+        socket until a garbage collection (a ResourceWarning at some later,
+        unrelated test)."""
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=BOUND)
 
 
@@ -396,8 +399,8 @@ def test_out_of_vocabulary_token_ids_non_streaming(server: Server) -> None:
     assert (r.status, r.body) == (400, error("Token id 9000 is out of vocabulary"))
     r = server.post("/v1/completions", completion([1, 2, VOCAB - 1], max_tokens=3))
     assert r.status == 200 and r.json()["usage"]["prompt_tokens"] == 3
-    with pytest.raises(openai.BadRequestError) as err:
-        server.openai().completions.create(model=MODEL, prompt=[5, 20000], max_tokens=3)
+    with server.openai() as client, pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=[5, 20000], max_tokens=3)
     assert err.value.status_code == 400
     assert err.value.body == {
         "message": "Token id 20000 is out of vocabulary",
@@ -416,11 +419,8 @@ def test_out_of_vocabulary_token_ids_streaming(server: Server) -> None:
             b'data: {"error": {"message": "Token id 20000 is out of vocabulary", "type": '
             b'"BadRequestError", "param": null, "code": 400}}\n\n' + DONE
         )
-    stream = server.openai().completions.create(
-        model=MODEL, prompt=[20000], max_tokens=3, stream=True
-    )
-    with pytest.raises(openai.APIError) as err:
-        list(stream)
+    with server.openai() as client, pytest.raises(openai.APIError) as err:
+        list(client.completions.create(model=MODEL, prompt=[20000], max_tokens=3, stream=True))
     assert err.value.message == "Token id 20000 is out of vocabulary"
     assert err.value.body == {
         "message": "Token id 20000 is out of vocabulary",
@@ -607,12 +607,13 @@ def test_non_streaming_bodies(server: Server) -> None:
     assert re.fullmatch(r"cmpl-[0-9a-f]{16}", body["id"])
     assert FINGERPRINT.fullmatch(body["system_fingerprint"])
     # The SDK reads both alike.
-    resp = server.openai().chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "hi"}],
-        max_tokens=2,
-        extra_body={"ignore_eos": True},
-    )
+    with server.openai() as client:
+        resp = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            extra_body={"ignore_eos": True},
+        )
     assert resp.usage is not None and resp.usage.completion_tokens == 2
     assert resp.choices[0].finish_reason == "length"
 
@@ -647,12 +648,13 @@ def test_completion_stream_chunks(server: Server) -> None:
     assert [shape(c) for c in parsed] == [COMPLETION_CONTENT] * (n - 1) + [COMPLETION_LAST]
     assert {c["object"] for c in parsed} == {"text_completion"}
     # The SDK reads both alike.
-    texts = [
-        c.choices[0].text
-        for c in server.openai().completions.create(
-            model=MODEL, prompt="hi", max_tokens=3, stream=True, extra_body={"ignore_eos": True}
-        )
-    ]
+    with server.openai() as client:
+        texts = [
+            c.choices[0].text
+            for c in client.completions.create(
+                model=MODEL, prompt="hi", max_tokens=3, stream=True, extra_body={"ignore_eos": True}
+            )
+        ]
     assert texts and all(isinstance(t, str) for t in texts)
 
 
@@ -826,8 +828,8 @@ def test_tool_choice_without_the_tool_flags(plain: Server) -> None:
             param="tool_choice",
         ),
     )
-    with pytest.raises(openai.BadRequestError) as err:
-        plain.openai().chat.completions.create(
+    with plain.openai() as client, pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], tools=TOOLS, max_tokens=2
         )
     assert err.value.body == {

@@ -14,37 +14,67 @@ from .conftest import cli, summary
 
 
 async def test_sdks_through_the_recorder_see_what_they_see_direct(vllm_shared, tmp_path):
+    def agents(url: str):
+        return round_robin(
+            claude_session(url, "c1", 2, model=vllm_shared.model),
+            codex_session(url, "x1", 2, chain=False, model=vllm_shared.model),
+            codex_session(url, "x2", 2, chain=True, model=vllm_shared.model),
+        )
+
     vllm_shared.reset_prefix_cache()
     # greedy decoding of one model, one request at a time: the same outputs twice
-    want = await round_robin(
-        claude_session(vllm_shared.url, "c1", 2, model=vllm_shared.model),
-        codex_session(vllm_shared.url, "x1", 2, chain=False, model=vllm_shared.model),
-    )
+    want = await agents(vllm_shared.url)
     vllm_shared.reset_prefix_cache()
     cfg = RecordConfig(upstream=vllm_shared.url, output=tmp_path / "rec.arrow", port=0)
     async with RecordingProxy(cfg) as proxy:
-        got = await round_robin(
-            claude_session(proxy.url, "c1", 2, model=vllm_shared.model),
-            codex_session(proxy.url, "x1", 2, chain=False, model=vllm_shared.model),
-        )
-    assert got == want
+        got = await agents(proxy.url)
+    assert _without_ids(got) == _without_ids(want)
     t = Trace.open(cfg.output)
     c = t.column
     rows = {c("kind")[r]: [] for r in t.order}
     for r in t.order:
         rows[c("kind")[r]].append(r)
     assert sorted(rows) == ["messages", "responses"]
+    assert (len(rows["messages"]), len(rows["responses"])) == (2, 4)
     for kind, rs in rows.items():
-        assert len({c("session_id")[r] for r in rs}) == 1, kind
-        assert [c("turn")[r] for r in rs] == [0, 1]
+        sessions = {c("session_id")[r] for r in rs}
+        assert len(sessions) == (1 if kind == "messages" else 2), kind
+        assert sorted(c("turn")[r] for r in rs) == sorted([0, 1] * len(sessions))
         assert all(t.outcome(r)["status"] == 200 for r in rs)
         assert all(t.outcome(r)["usage_prompt_tokens"] for r in rs)
+    # the chained turn was stored expanded: its parent's input and output, then its own
+    (chained,) = [r for r in rows["responses"] if (t.meta(r) or {}).get("expanded")]
+    parent = t.row_of(t.meta(chained)["expanded"]["parent"])
+    assert c("session_id")[parent] == c("session_id")[chained]
+    body = t.body(chained)
+    assert "previous_response_id" not in body
+    assert body["input"][: len(t.body(parent)["input"])] == t.body(parent)["input"]
 
     # and the recording replays clean against the same server
     res = cli("replay", cfg.output, "--target", f"vllm={vllm_shared.url}", "--timing", "asap",
               "--max-inflight", "1", "--out", tmp_path / "run", "--quiet")  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    assert summary(tmp_path / "run")["targets"]["vllm"]["status"] == {"ok": 4}
+    assert summary(tmp_path / "run")["targets"]["vllm"]["status"] == {"ok": 6}
+    # and chained again against it, to live response ids (the store is on)
+    res = cli("replay", cfg.output, "--target", f"vllm={vllm_shared.url}", "--timing", "asap",
+              "--max-inflight", "1", "--responses-state", "chain", "--out", tmp_path / "chain",
+              "--quiet")  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert summary(tmp_path / "chain")["targets"]["vllm"]["status"] == {"ok": 6}
+
+
+def _without_ids(seen):
+    """Tool-call ids are random per response; everything else a client sees
+    must be the same."""
+
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k != "id"}
+        if isinstance(v, list | tuple):
+            return [strip(x) for x in v]
+        return v
+
+    return strip(seen)
 
 
 def test_synthetic_agent_traces_replay_clean(vllm_shared, tmp_path):

@@ -9,6 +9,7 @@ none is left when replayer is done.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,8 +21,9 @@ from pathlib import Path
 import orjson
 
 from replayer.testing.vllm import free_port, serve_command
+from replayer.trace import Trace, TraceMeta, TraceWriter
 
-from .conftest import cli, summary
+from .conftest import cli, summary, synth
 
 
 def marked(mark: str) -> list[int]:
@@ -159,40 +161,68 @@ def test_launch_waits_for_ready_rejected_run_is_not_exercised_and_stops_clean(
     assert left == ([], set())  # the API server is gone, and its EngineCore and worker
 
 
-def test_kill_9_of_engine_core_is_process_exit_with_requests_named(
-    vllm_env, vllm_models, traces, tmp_path
+def test_kill_9_mid_stream_on_every_api_is_process_exit_with_requests_named(
+    vllm_env, vllm_models, tmp_path
 ):
-    """SIGKILL of EngineCore mid-replay on the MLA + MoE model: open streams
-    end with vLLM's error event, the API server exits 0 a few seconds later.
-    replayer calls it process_exit, names the failing request and the ones in
-    flight, and the signature has the exit status."""
+    """SIGKILL of EngineCore on the MLA + MoE model while streams of chat
+    completions, Anthropic Messages and OpenAI Responses are open: each ends
+    its own way (chat's error event, Messages' error event after a converter
+    failure, Responses cut mid-body), the API server exits 0 a few seconds
+    later. replayer calls it process_exit as on chat alone, names the failing
+    request and the ones in flight (of every API), and the signature has the
+    exit status."""
+    common = ["--sessions", "2", "--turns", "2", "--context", "1500", "--system-tokens",
+              "300", "--max-tokens", "512", "--rate", "0", "--think", "0"]  # fmt: skip
+    mixed = tmp_path / "mixed.arrow"
+    with TraceWriter(mixed, TraceMeta(source="test")) as w:
+        for api in ("chat", "messages", "responses"):
+            t = Trace.open(synth(tmp_path / f"{api}.arrow", "--api", api, *common))
+            for r in t.order:
+                rec = t.record(r)
+                w.add(dataclasses.replace(rec, request_id=f"{api}-{rec.request_id}",
+                                          session_id=f"{api}-{rec.session_id}"))  # fmt: skip
     mark = uuid.uuid4().hex
     port = free_port()
+    log = tmp_path / "admission.jsonl"
     cmd = serve_command(
         vllm_env,
         vllm_models["dsv2"],
         port,
         served_name="tiny-dsv2",
-        extra=("--enforce-eager",),
-        environ={"REPLAYER_TEST_MARK": mark},
+        extra=(
+            "--enforce-eager",
+            *("--middleware", "replayer.testing.vllm_plugin.ReceiptMiddleware"),
+        ),
+        environ={"REPLAYER_TEST_MARK": mark, "REPLAYER_VLLM_ADMISSION_LOG": str(log)},
     )
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "replayer", "replay", str(traces["tau2"])]
-        + ["--launch", cmd, "--model", "tiny-dsv2", "--timing", "asap"]
-        + ["--sessions", "0..5", "--order", "session", "--out", str(run), "--quiet"],
+        [sys.executable, "-m", "replayer", "replay", str(mixed), "--launch", cmd, "--model",
+         "tiny-dsv2", "--timing", "asap", "--out", str(run), "--quiet"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
+    )  # fmt: skip
+
+    def streaming() -> set[str]:
+        """APIs with a response whose headers have left (its stream is open)."""
+        if not log.exists():
+            return set()
+        out = set()
+        for line in log.read_text().splitlines():
+            rec = orjson.loads(line)
+            if rec.get("ev") == "headers":
+                out.add(str(rec.get("id", "")).split("-", 1)[0])
+        return out
+
     try:
         deadline = time.monotonic() + 420
         while time.monotonic() < deadline and proc.poll() is None:
-            done = metric(port, "vllm:request_success_total")
-            if done is not None and done >= 3:
+            if {"chat", "messages", "responses"} <= streaming():
                 break
-            time.sleep(0.5)  # a bounded poll: the server is loading, then serving
+            time.sleep(0.2)  # a bounded poll: the server is loading, then serving
         assert proc.poll() is None, proc.communicate()
+        assert {"chat", "messages", "responses"} <= streaming()
         members = group(mark)
         cores = titled(members, b"VLLM::EngineCore")
         assert len(cores) == 1, members
@@ -202,10 +232,16 @@ def test_kill_9_of_engine_core_is_process_exit_with_requests_named(
     finally:
         stop(proc, mark)
     assert proc.returncode == 1, out + err
-    f = summary(run)["targets"]["target"]["failure"]
+    t = summary(run)["targets"]["target"]
+    f = t["failure"]
     assert f["class"] == "process_exit"
     assert f["request_id"] is not None
-    assert f["inflight"], "requests in flight at the kill are named"
+    lost = {f["request_id"], *f["inflight"]}
+    assert {rid.split("-", 1)[0] for rid in lost} == {"chat", "messages", "responses"}, lost
+    # every API has requests the death failed, not only ok or never sent
+    by = t["by_api"]
+    assert sorted(by) == ["chat.completions", "messages", "responses"], by
+    assert all(set(by[a]["status"]) - {"ok", "not_sent_after_crash"} for a in by), by
     sig = orjson.loads((run / "signature.json").read_bytes())
     assert sig["failure_class"] == "process_exit"
     assert sig["exit"] == "code 0"  # vLLM's API server exits 0 after engine death
