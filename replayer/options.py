@@ -153,6 +153,12 @@ WATCH = Group(
     (
         _f("health_interval", 1.0, "S", "poll /health every S seconds (default 1)"),
         _f(
+            "health_timeout",
+            2.0,
+            "S",
+            "a /health probe unanswered after S seconds timed out (default 2)",
+        ),
+        _f(
             "scrape_interval",
             2.0,
             "S",
@@ -169,8 +175,8 @@ WATCH = Group(
             "stall_timeout",
             60.0,
             "S",
-            "hang: no token progress for S seconds while /health stays 200 "
-            "(pending prefills get S + tokens / --min-prefill-rate)",
+            "hang: no token progress for S seconds while /health stays 200 or "
+            "stops answering (pending prefills get S + tokens / --min-prefill-rate)",
         ),
         _f(
             "min_prefill_rate",
@@ -419,7 +425,13 @@ def watch_config(values: Mapping[str, Any]) -> WatchConfig | None:
     v = _get(values, WATCH)
     if v["no_monitor"]:
         return None
-    for name in ("health_interval", "scrape_interval", "stall_timeout", "min_prefill_rate"):
+    for name in (
+        "health_interval",
+        "health_timeout",
+        "scrape_interval",
+        "stall_timeout",
+        "min_prefill_rate",
+    ):
         if not (isinstance(v[name], int | float) and v[name] > 0 and math.isfinite(v[name])):
             raise OptionError(name, "must be positive")
     for name in ("settle", "grace"):
@@ -430,6 +442,7 @@ def watch_config(values: Mapping[str, Any]) -> WatchConfig | None:
             raise OptionError("scrape", f"{url!r}: want an http(s) URL")
     return WatchConfig(
         health_interval=float(v["health_interval"]),
+        health_timeout=float(v["health_timeout"]),
         scrape_interval=float(v["scrape_interval"]),
         scrape=tuple(v["scrape"]),
         stall_timeout=float(v["stall_timeout"]),

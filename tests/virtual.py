@@ -121,6 +121,9 @@ class FakeHealth:
     clock: VirtualClock
     answer: Callable[[float], int | str] = lambda t: 200
     latency: float = 0.001
+    timeout: float | None = None
+    """How long a ``"timeout"`` answer takes (the prober's bound; default
+    ``latency``)."""
     t0: float = 0.0
     timeline: list[Probe] = field(default_factory=list)
     consecutive_failures: int = 0
@@ -128,10 +131,11 @@ class FakeHealth:
 
     async def probe(self) -> Probe:
         start = self.clock.now()
-        await self.clock.sleep(self.latency)
         a = self.answer(start - self.t0)
+        took = self.timeout if a == "timeout" and self.timeout is not None else self.latency
+        await self.clock.sleep(took)
         status, error = (a, None) if isinstance(a, int) else (None, a)
-        p = Probe(t=start - self.t0, status=status, latency=self.latency, error=error)
+        p = Probe(t=start - self.t0, status=status, latency=took, error=error)
         self.timeline.append(p)
         self.consecutive_failures = 0 if p.ok else self.consecutive_failures + 1
         return p

@@ -2,7 +2,9 @@
 (VLLM.md §1.2).
 
 * ``/health`` and ``/ping``: 200 with an empty body, 503 once the engine is
-  dead; a hung engine still answers 200.
+  dead; a hung engine still answers 200, unless its API is stalled too
+  (``hang api=stall``): then no request gets an answer, as when the API
+  server's event loop is stuck.
 * ``/v1/models``, ``/version``, ``/load``, ``/metrics``, ``/tokenize`` and
   ``/detokenize`` never touch the engine, so they answer after death too.
 * Dev endpoints (``/server_info``, ``/reset_prefix_cache``, ...) exist only
@@ -25,6 +27,7 @@ a process. Generation lives in :mod:`.generate`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import platform
 import sys
@@ -68,6 +71,16 @@ HEADER_ORDER = (
     "connection",
 )
 _HEADER_RANK = {name: i for i, name in enumerate(HEADER_ORDER)}
+
+
+@web.middleware
+async def _stalled(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """After ``hang api=stall``: every new request waits, unanswered, until
+    the server stops (outside ``_instrument``: the shutdown does not wait for
+    it)."""
+    if request.app[RUNTIME].api_stalled:
+        await asyncio.get_running_loop().create_future()  # cancelled at shutdown
+    return await handler(request)
 
 
 @web.middleware
@@ -328,7 +341,7 @@ def create_app(cfg: EmulatorConfig, runtime: Runtime | None = None) -> web.Appli
         # aiohttp.test_utils.TestServer(app) or web.AppRunner(app)
     """
     rt = runtime if runtime is not None else Runtime(cfg)
-    app = web.Application(middlewares=[_instrument, _gate], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[_stalled, _instrument, _gate], client_max_size=MAX_BODY)
     app[RUNTIME] = rt
     r = app.router
     r.add_get("/health", health, allow_head=False)

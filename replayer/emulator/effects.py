@@ -13,7 +13,8 @@ process (VLLM.md §2, §7.4).
   ``engine core exited unexpectedly`` and ``EngineDeadError``, then the same
   death and exit 0.
 * ``hang``: the engine stops stepping; the shm-broadcast warning repeats;
-  optionally an RPC-timeout crash later.
+  optionally an RPC-timeout crash later; with ``api=stall`` no endpoint
+  answers any more, ``/health`` included.
 * ``cut``: streams lose their connection mid-body; ``kill=1`` kills the process.
 * ``slow``: the step-time multiplier and per-step delay.
 * ``error``: one request fails with the per-request internal error.
@@ -58,6 +59,9 @@ class Host(Protocol):
     def kill(self) -> None:
         """The API process dies at once."""
 
+    def stall_api(self) -> None:
+        """No HTTP request is answered from now on (the event loop is stuck)."""
+
 
 class Effects:
     """The server's :class:`~replayer.emulator.engine.EffectSink`.
@@ -79,6 +83,8 @@ class Effects:
             self.crash(rule.text("gpu"), dump, code, after)
         elif rule.effect == "hang":
             rt.engine.hang()
+            if rule.text("api") == "stall":
+                rt.stall_api()
             self._tasks.append(spawn(self._hang_warnings(rule.num("warn_every")), name="hang"))
             timeout = rule.opt_num("timeout")
             if timeout is not None:

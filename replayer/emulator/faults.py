@@ -42,8 +42,11 @@ Effects and their parameters (defaults in brackets):
   the 0.32 profile vLLM's watchdog (its next 5 s tick since start-up). ``gpu`` is ``hsa`` (ROCm hard
   fault), ``hip`` (Triton HIP error) or ``cuda``.
 * ``dead``  [gpu]: as ``exit`` but the API stays up (``/health`` 503 forever).
-* ``hang``  [warn_every=60 timeout=none code=0]: no more tokens, ``/health``
-  200; after ``timeout`` s it becomes an ``exit`` with the RPC-timeout error.
+* ``hang``  [warn_every=60 timeout=none code=0 api=up]: no more tokens,
+  ``/health`` 200; after ``timeout`` s it becomes an ``exit`` with the
+  RPC-timeout error. ``api=stall``: the API server's event loop is stuck too
+  (a blocking call in it, a frozen process): from then on no endpoint
+  answers, ``/health`` included; connections are accepted and left waiting.
 * ``cut``   [scope=all kill=0]: open streams (``all``, or just the triggering
   ``request``) are cut mid-body, no ``[DONE]``; ``kill=1`` then SIGKILLs the
   process.
@@ -120,7 +123,12 @@ Effects = Mapping[str, Mapping[str, tuple[Callable[[str], object], object]]]
 EFFECTS: dict[str, dict[str, tuple[Callable[[str], object], object]]] = {
     "exit": {"code": (int, 0), "gpu": (_choice(*GPU_FLAVOURS), None), "after": (float, None)},
     "dead": {"gpu": (_choice(*GPU_FLAVOURS), None)},
-    "hang": {"warn_every": (float, 60.0), "timeout": (float, None), "code": (int, 0)},
+    "hang": {
+        "warn_every": (float, 60.0),
+        "timeout": (float, None),
+        "code": (int, 0),
+        "api": (_choice("up", "stall"), "up"),
+    },
     "cut": {"scope": (_choice("all", "request"), "all"), "kill": (_bool, False)},
     "slow": {"factor": (float, 10.0), "add": (float, 0.0), "duration": (float, None)},
     "error": {},

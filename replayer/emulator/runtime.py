@@ -68,6 +68,8 @@ class Runtime:
         self.exited: int | None = None
         """In-process only: the code the process would have exited with."""
         self.killed = False
+        self.api_stalled = False
+        """A ``hang api=stall`` fired: no request is answered any more."""
         self.shutting_down = False
         self.stop_server: Callable[[], Awaitable[None]] | None = None
         self.paths: frozenset[str] = frozenset()
@@ -96,6 +98,9 @@ class Runtime:
         self.active -= 1
         if self.active == 0:
             self.quiet.set()
+
+    def stall_api(self) -> None:
+        self.api_stalled = True
 
     def next_seq(self) -> int:
         self.seq += 1

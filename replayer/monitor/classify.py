@@ -6,7 +6,8 @@ we launched it), and the hang watchdog. The rules, in order:
 
 1. ``hang``: the watchdog saw no token progress on any in-flight request for
    the stall timeout (past every pending prefill's allowance) while the
-   server stayed reachable, or a request outlived ``--request-timeout`` with
+   server stayed reachable (``/health`` 200, or every recent probe timed out:
+   the API stuck too), or a request outlived ``--request-timeout`` with
    ``/health`` still 200.
 2. ``process_exit``: the process is gone (it exited, or its port refuses
    connections) within the settle window after the failure, whatever the

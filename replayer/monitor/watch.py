@@ -11,12 +11,14 @@ before it.
 
 The watchdog fires ``hang`` when no in-flight request has made token
 progress for ``stall_timeout`` seconds while the server still answers
-``/health`` 200, and only once every request still waiting for its first
-token has waited past its prefill allowance (``stall_timeout + input tokens
-/ min_prefill_rate``): a long prefill sends no bytes for minutes, and that
-is not a hang. It wakes at the moment that rule would hold (at the latest a
-tick later, to see new requests), so it fires at its threshold, not up to a
-tick after it.
+``/health`` 200 - or no longer answers it at all (its last
+``health_failures`` probes timed out: the API server's event loop is stuck
+too, which a 503 or a refused connection is not) - and only once every
+request still waiting for its first token has waited past its prefill
+allowance (``stall_timeout + input tokens / min_prefill_rate``): a long
+prefill sends no bytes for minutes, and that is not a hang. It wakes at the
+moment that rule would hold (at the latest a tick later, to see new
+requests), so it fires at its threshold, not up to a tick after it.
 
 All times are read from one :class:`~replayer._clock.Clock` (the engine's),
 so the watch runs on a test's virtual clock as exactly as the scheduler.
@@ -39,6 +41,8 @@ from replayer.monitor.health import HealthMonitor, Probe
 from replayer.monitor.metrics import MetricsScraper, MetricsWriter
 
 log = logging.getLogger("replayer.monitor")
+
+HEALTH_200 = "while /health stays 200"
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ class FailureReport:
     recent: list[str]
     health: list[Probe]
     metrics_file: str | None = None
+    health_stalled: bool = False
+    """A hang during which ``/health`` stopped answering too."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +130,7 @@ class FailureReport:
             "recent": self.recent,
             "health": [p.to_dict() for p in self.health],
             "metrics_snapshot": self.metrics_file,
+            **({"health_stalled": True} if self.health_stalled else {}),
         }
 
 
@@ -144,6 +151,8 @@ class TargetWatch:
     out: Path | None = None
     recent: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=32))
     hang: bool = False
+    health_stalled: bool = False
+    """The hang was called while ``/health`` timed out (not while it said 200)."""
     failed_at: float | None = None
     death_bodies: int = 0
     clock: Clock = REAL
@@ -225,13 +234,23 @@ class TargetWatch:
                 last_progress = max(last_progress, sent)
         return max(due, last_progress + c.stall_timeout)
 
-    def _stalled(self, now: float) -> bool:
-        """The watchdog's rule, at clock time ``now``: due, and /health says 200."""
+    def _stalled(self, now: float) -> str | None:
+        """The watchdog's rule, at clock time ``now``: due, and what /health
+        says allows a hang: ``"200"``, or ``"stalled"`` when its last
+        ``health_failures`` probes all timed out. None: no hang (not due, or
+        /health says dead or refused, or one probe timed out: a busy server)."""
         due = self._stall_due()
         if due is None or now < due:
-            return False
+            return None
         last = self.health.last()
-        return last is not None and last.ok
+        if last is None:
+            return None
+        if last.ok:
+            return "200"
+        recent = self.health.timeline[-self.config.health_failures :]
+        if len(recent) == self.config.health_failures and all(p.error == "timeout" for p in recent):
+            return "stalled"
+        return None
 
     async def _watchdog(self) -> None:
         tick = min(0.5, self.config.stall_timeout / 4)
@@ -241,14 +260,23 @@ class TargetWatch:
             wake = now + tick if due is None or due <= now else min(due, now + tick)
             if not await self.clock.sleep_until(wake, self._stop):
                 return
-            if self.failed_at is None and self._stalled(self.clock.now()):
+            health = self._stalled(self.clock.now()) if self.failed_at is None else None
+            if health is not None:
                 self.hang = True
+                self.health_stalled = health == "stalled"
                 self.on_failure(
                     "hang",
                     f"no token progress on {len(self.inflight)} in-flight request(s) for "
-                    f"{self.config.stall_timeout:g} s while /health stays 200",
+                    f"{self.config.stall_timeout:g} s {self._while()}",
                 )
                 self.abort()
+
+    def _while(self) -> str:
+        """The hang message's account of ``/health``."""
+        if not self.health_stalled:
+            return HEALTH_200
+        t = self.config.health_timeout
+        return f"while /health stopped answering too (probes time out after {t:g} s)"
 
     async def grace_period(self) -> None:
         """No failure yet: watch ``grace`` more seconds for a late one."""
@@ -283,6 +311,10 @@ class TargetWatch:
 
     async def stop(self) -> None:
         self._stop.set()
+        # a probe in flight can wait out its whole timeout (a stalled API):
+        # its answer no longer matters
+        for t in self._tasks[:1]:  # the health loop (see start)
+            t.cancel()
         for t in self._tasks:
             try:
                 await t
@@ -318,6 +350,15 @@ class TargetWatch:
     ) -> FailureReport:
         at = self.failed_at if self.failed_at is not None else self.now()
         after = [p for p in self.health.timeline if p.t >= at - self.config.health_interval]
+        if (
+            self.hang
+            and not self.health_stalled
+            and after
+            and all(p.error == "timeout" for p in after)
+        ):
+            # called on the last 200 before /health stopped answering: say what followed
+            self.health_stalled = True
+            message = message.replace(HEALTH_200, self._while())
         ev = Evidence(
             error_class="hang" if self.hang else error_class,
             http_status=http_status,
@@ -347,4 +388,5 @@ class TargetWatch:
             recent=[rid for t, rid in self.recent if t <= at][-10:],
             health=self.health.around(at),
             metrics_file=metrics_file,
+            health_stalled=self.health_stalled,
         )

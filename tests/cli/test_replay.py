@@ -20,12 +20,12 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "traces" / "agents-8x10.arrow"
 
 
-def run(*args, env=None):
+def run(*args, env=None, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", "replayer", *map(str, args)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -171,14 +171,42 @@ def test_api_key_from_env_never_lands_in_the_run(emulator_factory, tmp_path):
     assert "answered 401" in bad.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_hang_that_takes_health_down_too_is_a_hang(emulator_factory, tmp_path):
+    """The API server's loop stuck with the engine (``hang api=stall``): no
+    token, no /health answer. Without the rule for it the replay waited out
+    --request-timeout; now it is a hang, recorded as one with /health
+    stalled, and the run ends."""
+    emu = emulator_factory(["--speed", "instant", "--fault", "hang api=stall when request=3"])
+    res = run(
+        "replay", SAMPLE, "--target", emu.url, "--timing", "asap", "--stall-timeout", "2",
+        "--health-interval", "0.5", "--health-timeout", "0.5", "--settle", "2",
+        "--out", tmp_path / "r", "--quiet", timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    s = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
+    f = s["targets"]["target"]["failure"]
+    assert (f["class"], f["health_stalled"]) == ("hang", True)
+    assert "while /health stopped answering too (probes time out after 0.5 s)" in f["message"]
+    assert [p["error"] for p in f["health"] if p["t"] > f["at_s"]] == ["timeout"] * len(
+        [p for p in f["health"] if p["t"] > f["at_s"]]
+    )
+    rows = read_results(tmp_path / "r" / "results.arrow")
+    assert {r["error_class"] for r in rows if r["status"] == "timeout"} == {"hang"}
+
+
+@pytest.mark.parametrize(
+    ("sig", "api"),
+    [(signal.SIGINT, "up"), (signal.SIGTERM, "up"), (signal.SIGTERM, "stall")],
+    ids=["SIGINT", "SIGTERM", "SIGTERM-health-stalled"],
+)
 def test_interrupt_during_a_hang_stops_at_once_and_keeps_every_result(
-    emulator_factory, tmp_path, sig
+    emulator_factory, tmp_path, sig, api
 ):
     # a hung engine never answers: Ctrl-C (or SIGTERM) must not wait for it, nor
-    # for the generous request timeout, and every request still gets its row
+    # for the generous request timeout, and every request still gets its row;
+    # with the API stalled too, a /health probe is waiting when the signal comes
 
-    emu = emulator_factory(["--speed", "instant", "--fault", "hang when request=3"])
+    emu = emulator_factory(["--speed", "instant", "--fault", f"hang api={api} when request=3"])
     cmd = [sys.executable, "-m", "replayer", "replay", str(SAMPLE), "--target", emu.url]
     cmd += ["--timing", "asap", "--out", str(tmp_path / "r"), "--quiet"]
     # started as a shell starts a background job: SIGINT ignored (it once made
@@ -202,6 +230,7 @@ def test_interrupt_during_a_hang_stops_at_once_and_keeps_every_result(
         proc.communicate()  # reap it and close its pipes, even when the test failed
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "replayer replay: interrupted"
+    assert "Traceback" not in err and "Unclosed" not in err, err
     summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
     assert summary["interrupted"] is True and summary["exit_code"] == 130
     assert summary["targets"]["target"]["failed"] is False  # the interrupt is not the target's

@@ -34,7 +34,7 @@ def test_params_may_follow_the_conditions():
 def test_defaults_and_no_condition():
     r = parse_spec("hang")
     assert r.conditions == () and r.when == "always"
-    assert dict(r.params) == {"warn_every": 60.0, "timeout": None, "code": 0}
+    assert dict(r.params) == {"warn_every": 60.0, "timeout": None, "code": 0, "api": "up"}
     assert parse_spec("cut kill=1").num("kill") == 1.0
     assert parse_spec("slow factor=3 when kv_usage>=0.5").conditions[0].value == 0.5
 

@@ -170,7 +170,7 @@ class Process:
         return self.exits_at is not None and self.clock.now() >= self.exits_at
 
 
-def watch_on(clock, *, answer=lambda t: 200, process=None, **config):
+def watch_on(clock, *, answer=lambda t: 200, process=None, probe_timeout=None, **config):
     """A started TargetWatch on ``clock`` (T0 = 0) with a scripted /health,
     and the failures it declared as (clock time, kind)."""
     failures = []
@@ -178,6 +178,7 @@ def watch_on(clock, *, answer=lambda t: 200, process=None, **config):
 
     def on_failure(kind, message):  # what the engine does: Replay._make_watch
         failures.append((clock.now(), kind))
+        w.failure_message = message
         w.mark_failed(clock.now())
 
     w = TargetWatch(
@@ -189,7 +190,7 @@ def watch_on(clock, *, answer=lambda t: 200, process=None, **config):
         abort=lambda: aborted.append(clock.now()),
         process=process,
         clock=clock,
-        prober=FakeHealth(clock, answer, latency=0.0),
+        prober=FakeHealth(clock, answer, latency=0.0, timeout=probe_timeout),
     )
     w.start(0.0)
     return w, failures, aborted
@@ -240,15 +241,92 @@ async def test_a_prefill_has_its_allowance_before_it_counts_as_silent():
     await w.stop()
 
 
-async def test_no_hang_while_health_is_not_200():
+@pytest.mark.parametrize("answer", [503, "refused"])
+async def test_no_hang_while_health_says_dead_or_gone(answer):
     clock = VirtualClock(autojump=False)  # time moves on advance()
     # a server whose /health fails is dying, not hung: the health rule decides
+    # (here it needs more failures in a row than 30 s of probes give)
     w, failures, _ = watch_on(
-        clock, answer=lambda t: 200 if t < 1.0 else "timeout", stall_timeout=2.0, health_failures=9
+        clock, answer=lambda t: 200 if t < 1.0 else answer, stall_timeout=2.0, health_failures=99
     )
     w.inflight[0] = streaming(0, 0.0, tokens_at=(0.1,))
     await clock.advance(30.0)
+    assert failures == [] and not w.hang
+    await w.stop()
+
+
+def stuck_from_1s(clock, stall_timeout):
+    """The API server's loop is stuck from 1 s: each probe waits out its 2 s
+    bound; probes start at 0 (200), 1 (timed out at 3), 4 (at 6), 7 (at 9)..."""
+    return watch_on(
+        clock,
+        answer=lambda t: 200 if t < 1.0 else "timeout",
+        probe_timeout=2.0,
+        stall_timeout=stall_timeout,
+        health_interval=1.0,
+        health_failures=2,
+    )
+
+
+def hang_report(w):
+    return w.report(kind="hang", message=w.failure_message, request_id="r0", seq=0,
+                    error_class=None, http_status=None, inflight=["r0"])  # fmt: skip
+
+
+async def test_a_hang_with_health_stalled_fires_at_the_stall_timeout():
+    clock = VirtualClock(autojump=False)  # time moves on advance()
+    # due at 8.1 s; by then the probes of 1 and 4 s have timed out in a row
+    w, failures, aborted = stuck_from_1s(clock, stall_timeout=8.0)
+    w.inflight[0] = streaming(0, 0.0, tokens_at=(0.1,))
+    await clock.advance(8.1 - 1e-6)
     assert failures == []
+    await clock.advance(2e-6)
+    assert failures == [(pytest.approx(8.1), "hang")] and aborted == [pytest.approx(8.1)]
+    assert w.hang and w.health_stalled
+    assert [(p.t, p.error) for p in w.health.timeline] == [(0.0, None), (1.0, "timeout"),
+                                                           (4.0, "timeout")]  # fmt: skip
+    d = hang_report(w).to_dict()
+    assert d["class"] == "hang" and d["health_stalled"] is True
+    assert d["message"] == (
+        "no token progress on 1 in-flight request(s) for 8 s while /health stopped answering "
+        "too (probes time out after 2 s)"
+    )
+    await w.stop()
+
+
+async def test_a_hang_called_on_the_last_200_reports_health_stalled_from_what_followed():
+    clock = VirtualClock(autojump=False)  # time moves on advance()
+    # due at 2.1 s, while the probe of 1 s is still waiting: its last answer
+    # was 200, so the hang is called then; the probes after it all time out
+    w, failures, _ = stuck_from_1s(clock, stall_timeout=2.0)
+    w.inflight[0] = streaming(0, 0.0, tokens_at=(0.1,))
+    await clock.advance(2.1)
+    assert failures == [(pytest.approx(2.1), "hang")] and not w.health_stalled
+    await clock.advance(10.0)  # the settle window
+    d = hang_report(w).to_dict()
+    assert d["class"] == "hang" and d["health_stalled"] is True
+    assert "while /health stopped answering too" in d["message"]
+    await w.stop()
+
+
+async def test_one_timed_out_probe_is_a_busy_server_not_a_stalled_api():
+    clock = VirtualClock(autojump=False)  # time moves on advance()
+    # probes at 0, 1, 2 (timed out at 4), 5 (200), ...; due at 4.1: a lone
+    # timeout is no verdict, the 200 at 5 s is, at the next tick
+    w, failures, _ = watch_on(
+        clock,
+        answer=lambda t: "timeout" if 1.5 < t < 2.5 else 200,
+        probe_timeout=2.0,
+        stall_timeout=4.0,
+        health_failures=2,
+    )
+    w.inflight[0] = streaming(0, 0.0, tokens_at=(0.1,))
+    await clock.advance(5.0)
+    assert failures == []
+    await clock.advance(0.1 + 1e-6)
+    assert failures == [(pytest.approx(5.1), "hang")] and not w.health_stalled
+    await clock.advance(10.0)
+    assert "health_stalled" not in hang_report(w).to_dict()
     await w.stop()
 
 

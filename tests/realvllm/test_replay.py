@@ -163,10 +163,15 @@ def wait_for(cond, within: float, what: str) -> None:
     raise AssertionError(f"timed out after {within:g} s waiting for {what}")
 
 
-def test_sigstop_of_engine_core_is_a_hang(vllm_shared, traces, tmp_path):
-    """SIGSTOP of EngineCore: /health stays 200 and no token comes. The
-    watchdog calls it a hang after --stall-timeout; SIGCONT recovers."""
-    core = vllm_shared.server.engine_core()
+@pytest.mark.parametrize("stopped", ["engine_core", "api_server"])
+def test_sigstop_is_a_hang(vllm_shared, traces, tmp_path, stopped):
+    """SIGSTOP of EngineCore: /health stays 200 and no token comes; of the
+    API server: its event loop is frozen, /health probes time out too. The
+    watchdog calls both a hang after --stall-timeout (the second with
+    /health stalled, which used to wait out --request-timeout); SIGCONT
+    recovers."""
+    srv = vllm_shared.server
+    core = srv.engine_core() if stopped == "engine_core" else srv.pid
     done0 = _metric(vllm_shared, "vllm:request_success_total")
     proc = subprocess.Popen(
         [sys.executable, "-m", "replayer", "replay", traces["tau2"]]
@@ -191,9 +196,14 @@ def test_sigstop_of_engine_core_is_a_hang(vllm_shared, traces, tmp_path):
             proc.kill()  # replayer replay --target: it owns no server
             proc.wait(30)
     assert proc.returncode == 1, out + err
-    t = summary(tmp_path / "run")["targets"]["vllm"]
-    assert t["failure"]["class"] == "hang"
-    assert any(p["status"] == 200 for p in t["failure"]["health"])
+    f = summary(tmp_path / "run")["targets"]["vllm"]["failure"]
+    assert f["class"] == "hang"
+    assert any(p["status"] == 200 for p in f["health"])  # before the stop
+    after = [p["error"] for p in f["health"] if p["t"] > f["at_s"]]
+    if stopped == "engine_core":
+        assert "health_stalled" not in f and set(after) == {None}
+    else:
+        assert f["health_stalled"] is True and after and set(after) == {"timeout"}
     wait_for(lambda: vllm_shared.server.get("/health")[0] == 200, 30, "health after SIGCONT")
     status, _ = vllm_shared.server.post(
         "/v1/completions", {"model": vllm_shared.model, "prompt": "ok", "max_tokens": 2}
