@@ -4,6 +4,7 @@ outcomes and target failures are values, never exceptions.
     ReplayerError            # base; the CLI prints one line and exits 2
       UsageError             # bad arguments or options
         OptionError          # one parameter's value (names the parameter, not a flag)
+        ModelNotServed       # the server lists other models than the ones asked for
       TraceError             # unreadable, invalid or mismatched trace input
         SchemaVersionError   # written by a newer replayer; no migration path
         TraceCorruptError    # damaged content: a batch, a body, the footer
@@ -13,6 +14,8 @@ outcomes and target failures are values, never exceptions.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class ReplayerError(Exception):
@@ -33,6 +36,20 @@ class OptionError(UsageError):
         super().__init__(f"{param} {problem}")
         self.param = param
         self.problem = problem
+
+
+class ModelNotServed(UsageError):
+    """The server's ``/v1/models`` lists other models than the trace (or
+    ``--model``) names: one message whether replay finds it or a launch does
+    (as soon as ``/v1/models`` answers: waiting would not change the list)."""
+
+    def __init__(self, target: str, missing: Sequence[str], served: Sequence[str]) -> None:
+        super().__init__(
+            f"target {target} does not serve model {', '.join(missing)} (it serves "
+            f"{', '.join(served)}); pass --model {served[0]}"
+        )
+        self.missing = list(missing)
+        self.served = list(served)
 
 
 class TraceError(ReplayerError):

@@ -22,7 +22,7 @@ import orjson
 
 from replayer import __version__
 from replayer._async import spawn
-from replayer.errors import UsageError
+from replayer.errors import ModelNotServed, UsageError
 from replayer.monitor.watch import ProcessProbe, WatchConfig
 from replayer.replay.client import Endpoint, TargetUnreachable
 from replayer.replay.engine import Replay
@@ -81,10 +81,7 @@ def _check_models(trace: Trace, rows: list[int], policy: ReplayPolicy, replay: R
     for name, facts in replay.facts.items():
         missing = sorted(wanted - set(facts.models))
         if missing and facts.models:
-            raise UsageError(
-                f"target {name} does not serve model {', '.join(missing)} (it serves "
-                f"{', '.join(facts.models)}); pass --model {facts.models[0]}"
-            )
+            raise ModelNotServed(name, missing, facts.models)
 
 
 async def replay_to_dir(

@@ -41,7 +41,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from replayer._clock import REAL, Clock
-from replayer.errors import LaunchError, OptionError, TargetError
+from replayer.errors import LaunchError, ModelNotServed, OptionError, TargetError
 from replayer.monitor.logs import last_launch
 from replayer.target.facts import ServerFacts, gather_facts
 
@@ -285,7 +285,8 @@ class ServerTarget:
         if not data:
             raise NotReady("/v1/models lists no model")
         if self.model is not None and self.model not in listed:
-            raise NotReady(f"model {self.model!r} not listed (have: {', '.join(listed)})")
+            # a live server's model list does not change: fail now, not at the timeout
+            raise ModelNotServed(self.url, [self.model], listed)
 
     async def wait_ready(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Until ``/health`` is 200 and ``/v1/models`` lists the model.

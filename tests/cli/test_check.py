@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from .test_replay import SAMPLE, free_port, run
+from .test_trace_cmds import assert_one_line_error
 
 
 def launch(port, *fault):
@@ -111,3 +112,22 @@ def test_replay_launch_reports_the_signature(tmp_path):
     assert f["signature"]["failure_class"] == "engine_dead"
     assert f["signature"]["suspects"]  # the scheduler dump named the batch
     assert "signature" in res.stdout
+
+
+@pytest.mark.parametrize("command", ["replay", "check", "bisect"])
+def test_a_launch_serving_another_model_fails_at_once_with_replays_message(tmp_path, command):
+    """The launched server lists other models than the trace's: one line and
+    exit 2 as soon as ``/v1/models`` answers (bisect used to wait out
+    ``--ready-timeout`` in silence), and the server is stopped."""
+    port = free_port()
+    cmd = launch(port) + " --served-model-name other-model"
+    res = run(
+        command, SAMPLE, "--launch", cmd, "--ready-timeout", "600", "--timing", "asap",
+        "--out", tmp_path / "out", timeout=120,
+    )  # fmt: skip
+    assert_one_line_error(
+        res,
+        "does not serve model moonshotai/Kimi-K3 (it serves other-model); pass --model other-model",
+    )
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from replayer.errors import LaunchError, TargetError
+from replayer.errors import LaunchError, ModelNotServed, TargetError
 from replayer.monitor.signature import signature_from_log
 from replayer.target import ExitInfo, LaunchedTarget
 from replayer.target.process import group_members, split_command
@@ -180,14 +180,21 @@ async def test_ready_timeout_while_loading(launched):
     assert info == ExitInfo(None, signal.SIGTERM, info.at)
 
 
-async def test_ready_needs_the_expected_model(launched):
+async def test_a_launch_serving_another_model_fails_at_its_first_model_list(launched):
+    # it used to wait out the whole ready timeout (30 min by default) in silence
     t = launched("--served-model-name", "other-model")
     await t.start()
     await until_up(t.url, READY)  # else a slow start fails the probes first
-    with pytest.raises(LaunchError) as err:
-        await t.wait_ready(2.0)
+    with pytest.raises(ModelNotServed) as err:
+        await t.wait_ready(600.0)  # bounded by the test's own timeout, never reached
     assert str(err.value) == (
-        f"{t.url} not ready after 2s: model {MODEL!r} not listed (have: other-model)"
+        f"target {t.url} does not serve model {MODEL} (it serves other-model); "
+        "pass --model other-model"
+    )
+    assert (err.value.missing, err.value.served, err.value.exit_code) == (
+        [MODEL],
+        ["other-model"],
+        2,
     )
 
 
