@@ -136,6 +136,9 @@ class BisectResult:
     stages_done: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     """The best repro's request ids, in trace order."""
+    other_failures: list[dict[str, Any]] = field(default_factory=list)
+    """The first trial of each other failure met (not the chased crash):
+    journaled trial records, one per signature."""
 
 
 class _Trials:
@@ -390,6 +393,7 @@ class Bisect:
             self.signature,
             self.stages_done,
             [self.ids[self.rows[p]] for p in self.best.positions],
+            [r.to_json() for r in self.oracle.bugs.values()],
         )
 
     async def aclose(self) -> None:

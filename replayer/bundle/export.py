@@ -110,6 +110,17 @@ def _tarball(bundle: Path) -> Path:
     return target
 
 
+def bug_line(bug: dict[str, Any]) -> str:
+    """One failure a bisect met that is not the one it chased (a journaled
+    trial record): where it was met and what it looked like."""
+    msg = str(bug.get("message") or "").strip().splitlines()
+    return (
+        f"trial {bug.get('trial')} ({bug.get('stage')}, {bug.get('size')} requests): "
+        f"{bug.get('failure_class') or 'failure'}, signature {bug.get('signature') or '-'}"
+        + (f": {msg[0][:200]}" if msg else "")
+    )
+
+
 def readme(m: dict[str, Any]) -> str:
     """The bundle's README: what crashed, and how to see it crash."""
     sig = m.get("signature") or {}
@@ -164,6 +175,18 @@ def readme(m: dict[str, Any]) -> str:
         lines.append(
             f"- on the control ({ctl.get('name', 'control')}): {ctl.get('text', 'not measured')}"
         )
+    bugs = m.get("bugs") or []
+    if bugs:
+        lines += [
+            "",
+            "## Other failures met",
+            "",
+            f"The search also met {len(bugs)} failure(s) that are not this crash (a different "
+            "class or signature); each may be a bug of its own. The trial's run directory "
+            "has its evidence.",
+            "",
+            *(f"- {bug_line(b)}" for b in bugs),
+        ]
     lines += [
         "",
         "## Replay policy",

@@ -219,5 +219,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         print(f"control: {describe_rate(*res.control)}")
     if res.signature is not None:
         print(f"signature {res.signature.hash}: {res.signature.text}")
+    if res.other_failures:
+        from replayer.bundle.export import bug_line
+
+        print(f"other failures met ({len(res.other_failures)}), not the chased crash:")
+        for bug in res.other_failures:
+            print(f"  {bug_line(bug)}")
     print(f"bundle: {res.bundle} (and {res.bundle}.tar.gz)")
     return 3 if res.status == "budget_exhausted" else 0

@@ -24,6 +24,7 @@ from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, Control, run_bisect
 from replayer.bisect.runner import FunctionRunner, Observation, Trial
 from replayer.bisect.trial import NotExercised
+from replayer.bundle.export import bug_line
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
@@ -317,6 +318,16 @@ async def test_another_crash_is_a_new_bug_never_accepted(trace, tmp_path):
     assert ids_of(trace, b, res.best.positions) == list(PAIR)
     m = orjson.loads((tmp_path / "b" / "bundle" / "manifest.json").read_bytes())
     assert [x["signature"] for x in m["bugs"]] == ["other"]
+    # the result and the bundle's README name it too, not only the manifest
+    (first,) = res.other_failures
+    assert first == m["bugs"][0] and first["trial"] == others[0].trial
+    line = bug_line(first)
+    assert line == (
+        f"trial {first['trial']} ({first['stage']}, {first['size']} requests): "
+        "engine_dead, signature other"
+    )
+    readme = (tmp_path / "b" / "bundle" / "README.md").read_text()
+    assert "## Other failures met\n" in readme and f"- {line}\n" in readme
 
 
 async def test_a_runner_may_refuse_a_trace_that_shows_nothing(trace, tmp_path):
