@@ -58,15 +58,53 @@ class _Alive:
 @dataclass
 class Chase:
     """The failure a bisect chases: its class and signature hash, or a
-    user's regex over the signature text (``--signature REGEX``)."""
+    user's regex over the signature text (``--signature REGEX``).
+
+    Pinned from a :class:`Signature` (:meth:`pin`), it is as exit-aware as
+    :func:`~replayer.monitor.signature.matches`: another known exit is another
+    crash, an unknown one is not. Pinned on a bare hash (``--expect-signature``,
+    a bundle's manifest, a journal) it cannot know the log hash behind it, so
+    the hash is taken as either: a version-1 hash or a log hash then matches
+    whatever the exit, a version-2 hash only its own exit."""
 
     failure_class: str | None = None
     signature: str | None = None
+    """The chased :attr:`Signature.hash` (or a runner's label)."""
     regex: re.Pattern[str] | None = None
+    log_hash: str | None = None
+    """The chased :attr:`Signature.log_hash`; None when only a hash is known."""
+    exit: str | None = None
+    """The chased crash's exit status, when pinned from a signature that knew it."""
 
     @property
     def pinned(self) -> bool:
         return self.regex is not None or self.signature is not None
+
+    def pin(self, failure_class: str | None, sig: Signature | str | None) -> None:
+        """Chase ``sig``: a trial's signature (hash, log hash and exit) or a label."""
+        self.failure_class = failure_class
+        if isinstance(sig, Signature):
+            self.signature, self.log_hash, self.exit = sig.hash, sig.log_hash, sig.exit
+        else:
+            self.signature, self.log_hash, self.exit = sig, None, None
+
+    def same(self, sig: Signature | str) -> bool:
+        """Whether ``sig`` (a signature or a runner's label) is the pinned
+        crash, class aside (rules in the class docstring)."""
+        log = self.log_hash or self.signature
+        if isinstance(sig, str):
+            return sig in (self.signature, log)
+        if sig.hash == self.signature:
+            return True
+        both_exits = log != self.signature and sig.exit_hashed
+        return sig.log_hash == log and not both_exits
+
+    def is_other(self, sig: Signature | str | None) -> bool:
+        """A failure labelled as another crash than the pinned hash (a
+        runner's MATCH is not trusted then); False when either is unknown."""
+        if self.regex is not None or self.signature is None or sig is None:
+            return False
+        return not self.same(sig)
 
     def matches(self, sig: Signature | None, failure_class: str | None) -> bool:
         if failure_class is None or failure_class == "client_error":
@@ -77,7 +115,7 @@ class Chase:
             return self.failure_class is None or failure_class == self.failure_class
         if sig is None:  # no server log: the class is all there is to compare
             return self.failure_class is not None and failure_class == self.failure_class
-        return sig.hash == self.signature and (
+        return self.same(sig) and (
             self.failure_class is None or sig.failure_class == self.failure_class
         )
 
@@ -85,6 +123,8 @@ class Chase:
         return {
             "class": self.failure_class,
             "signature": self.signature,
+            "log_hash": self.log_hash,
+            "exit": self.exit,
             "regex": self.regex.pattern if self.regex else None,
         }
 

@@ -3,8 +3,9 @@
 Minimization keeps a candidate only when it fails *the same way* as the
 original, so a signature must survive everything that changes between two
 runs of the same bug (timestamps, pids, addresses, request ids, which TP rank
-died first, how long the log is, the exit status of the API process) and
-still tell apart two different bugs (MINIMIZE.md §1.5, §5; VLLM.md §2, §7).
+died first, how long the log is, whether the process had exited by the time
+we looked) and still tell apart two different bugs, two crashes that end with
+different exit statuses included (MINIMIZE.md §1.5, §5; VLLM.md §2, §7).
 
 What a signature is made of:
 
@@ -40,23 +41,38 @@ What a signature is made of:
 
 What the hash covers, and why:
 
-* covered: :data:`SIGNATURE_VERSION`, failure class, exception type,
-  normalized message, top frames, the *set* of GPU error kinds (their order
-  depends on which rank logs first), the hashed events. These are properties
-  of the bug: the same kernel fault gives the same ones run after run.
+* :attr:`Signature.log_hash`, what the log says: :data:`LOG_HASH_VERSION`,
+  failure class, exception type, normalized message, top frames, the *set* of
+  GPU error kinds (their order depends on which rank logs first), the hashed
+  events, and the exit status only when it is the sole evidence (no
+  traceback, no GPU error, no hashed event; e.g. an API process SIGKILLed or a
+  segfault without a log). These are properties of the bug: the same kernel
+  fault gives the same ones run after run. It is, byte for byte, the hash of
+  version-1 signatures, so a signature an older replayer wrote (a bundle's
+  manifest, a journal) still names its crash.
+* :attr:`Signature.hash`, a digest of :data:`SIGNATURE_VERSION`, the log
+  hash and the exit text (``code 0``, ``signal SIGABRT``): users tell two
+  crashes apart by how the process ended even when their logs agree. When the
+  exit is unknown (the process had not exited yet, e.g. ``engine_dead`` with
+  the API still up) it equals ``log_hash``. The price: a bug whose exit
+  depends on timing (single-API-server vLLM exits 0 after engine death, a
+  worker abort can end the same bug with -6) gets one hash per exit; their
+  ``log_hash`` is still one.
 * not covered: suspects and computed tokens (they name *where* the bug
   struck, which is what minimization changes), hang warnings (whether the 60 s
   warning appears depends on how long the stall was watched) and per-request
   errors (they can precede an unrelated crash).
-* the exit status only when it is the sole evidence (no traceback, no GPU
-  error, no hashed event; e.g. an API process SIGKILLed or a segfault without a
-  log). Otherwise it is left out: single-API-server vLLM exits 0 after engine
-  death while a worker abort can make the same bug end with -6 or be stopped
-  with SIGTERM or SIGKILL by us, depending on timing.
+
+:func:`matches` is what "the same crash" means: same class and same hash,
+or same ``log_hash`` when one side's hash does not cover its exit (unknown, or
+a version-1 signature). Timing decides whether the exit is caught at all, so
+an unknown exit is no evidence of another crash; two *known* exits that differ
+are.
 
 :attr:`Signature.coarse_hash` drops message and frames (class, exception type,
-GPU kinds, events): CUDA errors are reported asynchronously ("the stacktrace
-below might be incorrect"), so a ``type`` match policy needs it.
+GPU kinds, events; the exit only as sole evidence, as in ``log_hash``): CUDA
+errors are reported asynchronously ("the stacktrace below might be
+incorrect"), so a ``type`` match policy needs it.
 
 Normalization (:func:`normalize`), in order: ANSI colours; the caller's known
 request ids and engine ids (``chatcmpl-...``, ``cmpl-...``) -> ``<REQ>``;
@@ -98,8 +114,12 @@ from replayer.monitor.logs import (
     tracebacks,
 )
 
-SIGNATURE_VERSION = 1
-"""Bumped whenever a change would give an existing crash a different hash."""
+SIGNATURE_VERSION = 2
+"""Bumped whenever a change would give an existing crash a different hash
+(2: the hash covers the exit status)."""
+LOG_HASH_VERSION = 1
+"""The log hash's own version: still 1, so a version-1 hash is a log hash.
+Bump it (and :data:`SIGNATURE_VERSION`) when what the log hash reads changes."""
 TOP_FRAMES = 3
 """Innermost frames kept (ClusterFuzz's crash state uses three)."""
 HASH_CHARS = 12
@@ -281,6 +301,14 @@ def _digest(parts: object) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:HASH_CHARS]
 
 
+def exit_hash(log_hash: str, exit: str | None) -> str:
+    """:attr:`Signature.hash` from its log hash and :func:`exit_text`: the log
+    hash itself when the exit is unknown (so that it matches any exit)."""
+    if exit is None:
+        return log_hash
+    return _digest({"v": SIGNATURE_VERSION, "log": log_hash, "exit": exit})
+
+
 @dataclass(frozen=True, slots=True)
 class Signature:
     """What a failure looked like, and a hash of its stable parts.
@@ -294,7 +322,8 @@ class Signature:
     """
 
     hash: str
-    """Stable short hex over the stable parts (see the module docstring)."""
+    """Stable short hex over the log's stable parts and the exit status (see
+    the module docstring)."""
     failure_class: str
     exception: str | None
     """Root-cause exception type, last dotted part; None when no traceback."""
@@ -316,6 +345,19 @@ class Signature:
     """Hash without message and frames (a ``type``-level match)."""
     text: str = ""
     """One readable paragraph; ``--signature REGEX`` is matched against it."""
+    log_hash: str = ""
+    """The hash without the exit status (a version-1 signature's hash); empty
+    when built: taken to be :attr:`hash`."""
+
+    def __post_init__(self) -> None:
+        if not self.log_hash:
+            object.__setattr__(self, "log_hash", self.hash)
+
+    @property
+    def exit_hashed(self) -> bool:
+        """Whether :attr:`hash` tells this exit status from others: False when
+        the exit is unknown or the signature predates version 2."""
+        return self.hash != self.log_hash
 
     def __hash__(self) -> int:
         return hash((self.failure_class, self.hash))
@@ -324,6 +366,7 @@ class Signature:
         return {
             "version": SIGNATURE_VERSION,
             "hash": self.hash,
+            "log_hash": self.log_hash,
             "coarse_hash": self.coarse_hash,
             "failure_class": self.failure_class,
             "exception": self.exception,
@@ -339,7 +382,8 @@ class Signature:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> Signature:
-        """The inverse of :meth:`to_dict` (e.g. a bundle's ``signature.json``)."""
+        """The inverse of :meth:`to_dict` (e.g. a bundle's ``signature.json``).
+        A version-1 dict's hash is its log hash: it never covered the exit."""
 
         def strs(key: str) -> tuple[str, ...]:
             v = d.get(key) or []
@@ -354,8 +398,14 @@ class Signature:
         tokens = d.get("computed_tokens") or {}
         if not isinstance(tokens, dict):
             raise ValueError("signature field 'computed_tokens' must be an object")
+        version = d.get("version", 1)
+        if not isinstance(version, int):
+            raise ValueError("signature field 'version' must be an integer")
+        full = str(d["hash"])
+        log = d.get("log_hash") if version >= 2 else None
         return cls(
-            hash=str(d["hash"]),
+            hash=full,
+            log_hash=full if log is None else str(log),
             failure_class=str(d["failure_class"]),
             exception=opt("exception"),
             message=opt("message"),
@@ -433,7 +483,7 @@ def signature_from_log(
 
     sole_evidence = root is None and not gpu and not hashed_events
     stable = {
-        "v": SIGNATURE_VERSION,
+        "v": LOG_HASH_VERSION,
         "class": failure_class,
         "exception": exception,
         "gpu": sorted(gpu),
@@ -441,9 +491,10 @@ def signature_from_log(
         "exit": exit if sole_evidence else None,
     }
     coarse = _digest(stable)
-    full = _digest({**stable, "message": message, "frames": list(frames)})
+    log_hash = _digest({**stable, "message": message, "frames": list(frames)})
     return Signature(
-        hash=full,
+        hash=exit_hash(log_hash, exit),
+        log_hash=log_hash,
         failure_class=failure_class,
         exception=exception,
         message=message,
@@ -459,8 +510,14 @@ def signature_from_log(
 
 
 def matches(sig: Signature, other: Signature) -> bool:
-    """Same failure class and same hash: the same crash."""
-    return sig.failure_class == other.failure_class and sig.hash == other.hash
+    """The same crash: same failure class, and same hash, or same log hash
+    when either hash leaves the exit out (unknown, or a version-1 signature)."""
+    if sig.failure_class != other.failure_class:
+        return False
+    if sig.hash == other.hash:
+        return True
+    both_exits = sig.exit_hashed and other.exit_hashed
+    return sig.log_hash == other.log_hash and not both_exits
 
 
 def compile_signature_regex(pattern: str) -> re.Pattern[str]:

@@ -501,22 +501,63 @@ def test_bare_assertion_and_segfault_and_hang():
     assert h.text == "hang: no traceback; events: no shared memory broadcast block (engine stalled)"
 
 
-def test_exit_is_hashed_only_when_it_is_the_only_evidence():
-    assert (
-        sig(ROCM_FAULT, "process_exit", exit_code=0).hash
-        == sig(ROCM_FAULT, "process_exit", exit_code=-6).hash
-    )
-    assert (
-        sig(ROCM_FAULT, "process_exit", exit_code=0).exit
-        != sig(ROCM_FAULT, "process_exit", exit_code=-6).exit
-    )
+def test_exit_is_part_of_the_hash():
+    zero = sig(ROCM_FAULT, "process_exit", exit_code=0)
+    abort = sig(ROCM_FAULT, "process_exit", exit_code=-6)
+    unknown = sig(ROCM_FAULT, "process_exit")
+    # the same log ending two ways: two crashes, one log hash
+    assert (zero.exit, abort.exit, unknown.exit) == ("code 0", "signal SIGABRT", None)
+    assert zero.hash != abort.hash and zero.log_hash == abort.log_hash == unknown.log_hash
+    assert not matches(zero, abort) and not matches(abort, zero)
+    # an unknown exit (not exited yet) is no evidence of another crash
+    assert unknown.hash == unknown.log_hash and not unknown.exit_hashed
+    assert matches(zero, unknown) and matches(unknown, abort)
+    assert zero.exit_hashed and abort.exit_hashed
+    # the coarse hash stays without the exit
+    assert zero.coarse_hash == abort.coarse_hash == unknown.coarse_hash
+    # a negative code is the signal it reports
+    assert abort.hash == sig(ROCM_FAULT, "process_exit", signal=6).hash
+    # the exit as sole evidence is in the log hash too
     killed = sig("", "stream_cut", signal=9)
     assert (
         killed.exit == "signal SIGKILL"
         and killed.text == "stream_cut: no traceback; exit: signal SIGKILL"
     )
-    assert killed.hash != sig("", "stream_cut", signal=11).hash
+    assert killed.log_hash != sig("", "stream_cut", signal=11).log_hash
     assert killed.hash == sig("", "stream_cut", exit_code=-9).hash
+
+
+def test_log_hash_is_the_version_1_hash():
+    # golden values: the log hash is byte for byte the hash replayer wrote
+    # before the exit counted (checked against a version-1 signature.json)
+    cases = [
+        (sig(ROCM_FAULT, "process_exit", exit_code=0), "7b8020dcee87", "94e17689908f"),
+        (sig(ROCM_FAULT, "process_exit", exit_code=-6), "7c398f475200", "94e17689908f"),
+        (sig(ROCM_FAULT, "process_exit"), "94e17689908f", "94e17689908f"),
+        (sig("", "stream_cut", signal=9), "66fd258d425a", "e0d0e35e0c03"),
+    ]
+    for s, full, log in cases:
+        assert (s.hash, s.log_hash) == (full, log), s.text
+    assert cases[0][0].coarse_hash == "4edbdedcfc4e"
+
+
+def test_version_1_signature_matches_on_its_log():
+    s = sig(ROCM_FAULT, "process_exit", exit_code=0)
+    d = s.to_dict()
+    assert (d["version"], d["hash"], d["log_hash"]) == (2, s.hash, s.log_hash)
+    # what an older replayer wrote: version 1, no log hash, its hash the log hash
+    v1 = {k: v for k, v in d.items() if k != "log_hash"} | {"version": 1, "hash": s.log_hash}
+    old = Signature.from_dict(v1)
+    assert old.hash == old.log_hash == s.log_hash and old.exit == "code 0"
+    assert not old.exit_hashed  # its hash never covered the exit
+    abort = sig(ROCM_FAULT, "process_exit", exit_code=-6)
+    assert matches(old, s) and matches(s, old) and matches(old, abort)
+    assert not matches(old, sig(ROCM_FAULT, "engine_dead", exit_code=0))
+    assert not matches(old, sig(ROCM_HIP, "process_exit", exit_code=0))
+    # a stray log_hash in a version-1 dict is not trusted
+    assert Signature.from_dict({**v1, "log_hash": "0" * 12}).log_hash == s.log_hash
+    # version 2 round trips with both hashes
+    assert Signature.from_dict(d) == s and Signature.from_dict(d).exit_hashed
 
 
 # -- stability and distinctness ---------------------------------------------------------------
@@ -525,14 +566,22 @@ def test_exit_is_hashed_only_when_it_is_the_only_evidence():
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_same_fault_same_signature_under_noise(name):
     log = FIXTURES[name]
-    base = sig(log, exit_code=0)
+    exits = [0, -6, None]
+    bases = [sig(log, exit_code=code) for code in exits]
     for seed in range(12):
+        code = exits[seed % 3]
+        base = bases[seed % 3]
         other = sig(
             noisy(log, seed, {"turn-12": f"s{seed}-t12", "turn-11": f"s{seed}-t11"}),
-            exit_code=[0, -6, None][seed % 3],
+            exit_code=code,
         )
         assert other.hash == base.hash, (seed, other.text, base.text)
+        assert other.log_hash == bases[0].log_hash  # the log's part ignores the exit
         assert matches(other, base)
+        # a known exit is another crash than another known one, never than an unknown one
+        assert matches(other, bases[2])
+        nxt = (seed + 1) % 3
+        assert matches(other, bases[nxt]) == (None in (code, exits[nxt]))
         assert (other.exception, other.message, other.frames) == (
             base.exception,
             base.message,
