@@ -38,6 +38,8 @@ def manifest(b: Bisect, status: str) -> dict[str, Any]:
             **rate_dict(*cc),
             "p_value": fisher_one_sided(k, n, cc[0], cc[1]),
         }
+    if b.variants is not None:
+        m["variants"] = b.variants  # what makes it go away (--vary)
     return m
 
 
@@ -46,6 +48,8 @@ def signature_dict(b: Bisect) -> dict[str, Any] | None:
     if b.signature is not None:
         return {
             "hash": b.signature.hash,
+            "log_hash": b.signature.log_hash,
+            "exit": b.signature.exit,
             "class": b.signature.failure_class,
             "text": b.signature.text,
             "suspects": list(b.signature.suspects),

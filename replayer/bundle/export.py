@@ -121,6 +121,54 @@ def bug_line(bug: dict[str, Any]) -> str:
     )
 
 
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def variants_table(report: dict[str, Any] | None) -> list[str]:
+    """What makes it go away (``--vary``): the table and its reading, first
+    in the README because it is the first thing a kernel team asks."""
+    if not report:
+        return []
+    lines = [
+        "## What makes it go away",
+        "",
+        f"**{_cell(report.get('reading', ''))}**",
+        "",
+        "| variant | change | crashes/runs | 95% interval | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for r in [report["control"], *report.get("variants", [])]:
+        runs = r.get("runs") or 0
+        verdict = r.get("verdict", "")
+        if r.get("skipped"):
+            verdict = f"skipped: {r['skipped']}"
+        elif r.get("error"):
+            verdict = f"{verdict}: {str(r['error']).splitlines()[0][:120]}"
+        change = f"`{_cell(r['change'])}`" if r.get("change") else "-"
+        if r is report["control"]:
+            change = "(as launched)"
+        if r.get("note"):
+            change += f" ({_cell(r['note'])})"
+        lines.append(
+            f"| {_cell(r['name'])} | {change} | "
+            + (f"{r['crashes']}/{runs} | {r['low']:.0%}-{r['high']:.0%}" if runs else "- | -")
+            + f" | {_cell(verdict)} |"
+        )
+    src = report["control"].get("source")
+    lines += [
+        "",
+        f"Each variant ran {report.get('runs')} time(s); the control row is the unmodified "
+        + {"confirm": "launch's confirm runs", "verify": "launch's verify runs"}.get(
+            src or "", "launch"
+        )
+        + ". *gone*: no crash, with the 95% upper bound below the control's lower bound; "
+        "*quiet*: no crash, too few runs to say gone. Each launch is in `manifest.json`.",
+        "",
+    ]
+    return lines
+
+
 def readme(m: dict[str, Any]) -> str:
     """The bundle's README: what crashed, and how to see it crash."""
     sig = m.get("signature") or {}
@@ -131,6 +179,7 @@ def readme(m: dict[str, Any]) -> str:
     lines = [
         f"# Crash repro: {sig.get('class', 'server failure')}",
         "",
+        *variants_table(m.get("variants")),
         f"{len(m['requests'])} request(s) out of {m['source_trace']['requests']:,} in the "
         f"source trace reproduce this crash"
         + (

@@ -4,6 +4,11 @@ Exit codes: 0 reduced and verified (bundle in OUT/bundle and
 OUT/bundle.tar.gz), 1 not reproducible, 2 usage error, 3 budget exhausted
 (the best bundle so far is written), 4 the full trace did not exercise the
 server (most requests rejected as client errors: nothing to bisect).
+
+``--vary FILE|default`` (repeatable): once the repro is confirmed, relaunch
+the server with each variant (arguments added or removed, environment set or
+unset) and replay the repro ``--vary-runs`` times (5) on each: the table of
+what makes the crash go away ends the output and opens the bundle's README.
 """
 
 from __future__ import annotations
@@ -59,7 +64,57 @@ def register(sub: Any) -> None:
     add_monitor_arguments(p)
     add_selection_arguments(p)
     add_metrics_arguments(p)
+    add_vary_arguments(p)
     p.set_defaults(func=cmd_bisect)
+
+
+def add_vary_arguments(p: argparse.ArgumentParser) -> None:
+    """``--vary`` and ``--vary-runs`` (bisect and bundle verify)."""
+    g = p.add_argument_group("what makes it go away")
+    g.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="FILE|default",
+        help="server variants to replay the repro under (repeatable): a TOML "
+        "([[variant]] name, add, remove, env, unset_env) or JSON file, 'default' for "
+        "the shipped vLLM list, or 'default:NAME,NAME' for some of it; needs --launch",
+    )
+    g.add_argument(
+        "--vary-runs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="runs of each variant (default 5)",
+    )
+
+
+def vary_plan(args: argparse.Namespace) -> Any:
+    """The variants ``--vary`` asks for, applied to ``--launch`` (None without
+    ``--vary``): bad files and launches fail here, before any run."""
+    if not args.vary:
+        if args.vary_runs is not None:
+            raise UsageError("--vary-runs needs --vary")
+        return None
+    if args.launch is None:
+        raise UsageError(
+            "--vary relaunches the server with each variant: give --launch CMD "
+            "(a server given by --target/--url or --restart-cmd cannot be changed)"
+        )
+    from replayer.bisect.vary import DEFAULT_RUNS, make_plan
+
+    runs = DEFAULT_RUNS if args.vary_runs is None else args.vary_runs
+    return make_plan(args.vary, args.launch, runs)
+
+
+def print_variants(report: dict[str, Any]) -> None:
+    from replayer.bisect.vary import table
+
+    src = report["control"].get("source")
+    ctl = {"confirm": "the confirm runs", "verify": "the verify runs"}.get(src, "its own runs")
+    print(f"\nwhat makes it go away ({report['runs']} run(s) per variant; control: {ctl}):")
+    for line in table(report):
+        print(f"  {line}")
 
 
 def _from_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,7 +160,12 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             args.launch = seed["launch"]
         if chase.regex is None and seed.get("signature"):
             s = seed["signature"]
-            chase = Chase(failure_class=s.get("failure_class"), signature=s.get("hash"))
+            chase = Chase(
+                failure_class=s.get("failure_class"),
+                signature=s.get("hash"),
+                log_hash=s.get("log_hash"),
+                exit=s.get("exit"),
+            )
         elif chase.regex is None:
             chase = Chase(failure_class=seed["failure"].get("class"))
     if args.launch is None and args.restart_cmd is None:
@@ -113,6 +173,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "bisect restarts the server after every crash: give --launch CMD or "
             "--restart-cmd CMD --url URL (or --from-run a run made with --launch)"
         )
+    plan = vary_plan(args)
     out: Path = args.out
     journal = out / "journal.jsonl"
     if out.exists() and any(out.iterdir()) and not args.resume:
@@ -177,6 +238,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             ),
         )
     opts = search
+    holder: list[Bisect] = []
 
     async def go() -> Any:
         facts: dict[str, Any] = {
@@ -185,6 +247,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "url": target.url,
         }
         b = Bisect(trace, rows, env, out, opts, control=control, facts=facts)
+        if plan is not None:
+            from replayer.bisect.vary import bisect_hook, variant_envs
+
+            b.vary = bisect_hook(plan, variant_envs(env, args.url))
+        holder.append(b)
         if live is not None:
             live.attach_bisect(b)
         try:
@@ -225,5 +292,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         print(f"other failures met ({len(res.other_failures)}), not the chased crash:")
         for bug in res.other_failures:
             print(f"  {bug_line(bug)}")
+    if holder and holder[0].variants is not None:
+        print_variants(holder[0].variants)
     print(f"bundle: {res.bundle} (and {res.bundle}.tar.gz)")
     return 3 if res.status == "budget_exhausted" else 0

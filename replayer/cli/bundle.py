@@ -12,6 +12,11 @@ upper bound on its rate), 2 usage, 3 if the server would not come up.
 Both refuse (exit 4) as soon as a run's requests were mostly rejected as
 client errors: such a run exercised nothing, and counting it as clean would
 bound a crash rate the server was never asked to show.
+
+``bundle verify --vary FILE|default`` then relaunches the server with each
+variant and replays the bundle ``--vary-runs`` times (5) on each; the N runs
+above are the control row. The table is printed and saved as
+OUT/variants.json; the exit code is the unmodified launch's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from replayer import options
+from replayer.cli.bisect import add_vary_arguments, print_variants, vary_plan
 from replayer.cli.check import add_lifecycle_arguments, target_from
 from replayer.cli.replay import (
     add_monitor_arguments,
@@ -53,6 +59,7 @@ def register(sub: Any) -> None:
         help="where the runs go (default DIR/verify-<timestamp>)",
     )
     add_monitor_arguments(v)
+    add_vary_arguments(v)
     v.set_defaults(func=cmd_verify)
 
     s = sub.add_parser(
@@ -126,6 +133,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     watch = watch_from(args)
     if watch is None:
         raise UsageError("verify classifies every run: it needs the monitor")
+    plan = vary_plan(args)
     trace = Trace.open(d / "trace.arrow")
     p = manifest.get("policy") or {}
     policy = ReplayPolicy(
@@ -140,7 +148,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         on_failure=OnFailure.STOP,
     )
     sig = manifest.get("signature") or {}
-    chase = Chase(failure_class=sig.get("class"), signature=sig.get("hash"))
+    # a bundle written before signatures covered the exit has no log_hash:
+    # its hash is one, and matches a new run's whatever the exit
+    chase = Chase(
+        failure_class=sig.get("class"),
+        signature=sig.get("hash"),
+        log_hash=sig.get("log_hash"),
+        exit=sig.get("exit"),
+    )
     rows = list(trace.order)
     trace.verify(rows)  # nothing is sent before the selection reads
     out = _out_dir(args.out, d, "verify")
@@ -174,6 +189,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     if not counted:
         return 3
+    if plan is not None:
+        from replayer.bisect.vary import run_plan, variant_envs, write_report
+
+        report = asyncio.run(
+            run_plan(
+                plan,
+                rows,
+                out / "variants",
+                variant_envs(env, args.url),
+                policy=policy,
+                chase=chase,
+                key="bundle",
+                control=(k, len(counted), "verify"),
+                say=lambda msg: print(msg, file=sys.stderr, flush=True),
+            )
+        )
+        write_report(out / "variants.json", report)
+        print_variants(report)
     return 0 if k else 1
 
 

@@ -77,6 +77,13 @@ class EmulatorConfig:
     """KV-cache capacity in blocks."""
     enable_prefix_caching: bool = True
     """Reuse cached full blocks of earlier prompts."""
+    enable_chunked_prefill: bool = True
+    """Split a prompt over steps to fit ``max_num_batched_tokens``; off, a
+    prompt waits for a step with room for all of it (alone if it is longer)."""
+    enforce_eager: bool = False
+    """``--enforce-eager``: reported and testable by fault rules (no graphs to skip here)."""
+    speculative_config: str | None = None
+    """``--speculative-config``: reported and testable by fault rules (no drafting)."""
     enable_prompt_tokens_details: bool = False
     """Report ``prompt_tokens_details.cached_tokens`` in usage."""
     enable_force_include_usage: bool = False
@@ -221,6 +228,19 @@ class EmulatorConfig:
         text = repr([(f.name, getattr(self, f.name)) for f in fields(self) if f.name in keep])
         return hashlib.sha256(text.encode()).hexdigest()
 
+    def launch_values(self) -> dict[str, float]:
+        """The launch settings fault conditions test (``faults.LAUNCH_VARIABLES``),
+        so a fault can need a setting that a ``--vary`` variant turns off."""
+        return {
+            "prefix_caching": float(self.enable_prefix_caching),
+            "chunked_prefill": float(self.enable_chunked_prefill),
+            "max_num_batched_tokens": float(self.max_num_batched_tokens),
+            "max_num_seqs": float(self.max_num_seqs),
+            "kv_fp8": float(self.kv_cache_dtype.lower().startswith("fp8")),
+            "enforce_eager": float(self.enforce_eager),
+            "spec_decode": float(self.speculative_config is not None),
+        }
+
     def _compute_fingerprint(self) -> str | None:
         if self._profile not in ("0.33", "0.32"):
             return None
@@ -328,6 +348,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="prefix caching over block hash chains (default on)",
     )
     s.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split long prompts over steps (default on); off, a prompt is prefilled whole",
+    )
+    s.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="reported, and visible to fault rules as enforce_eager (default off)",
+    )
+    s.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help="reported, and visible to fault rules as spec_decode=1 (no drafting)",
+    )
+    s.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="report prompt_tokens_details.cached_tokens",
@@ -349,7 +387,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.tensor_parallel_size,
         help="reported TP size (default %(default)s)",
     )
-    s.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, help="reported KV dtype")
+    s.add_argument(
+        "--kv-cache-dtype",
+        default=d.kv_cache_dtype,
+        help="reported KV dtype; fp8* is kv_fp8=1 to fault rules (default %(default)s)",
+    )
     s.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -423,7 +465,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="fault rule, repeatable: 'EFFECT [k=v ...] [when COND [and COND ...]] "
         "[p=P] [delay=S] [times=N] [name=ID]'; EFFECT is exit, dead, hang, cut, "
         "slow or error; COND is VAR OP NUMBER with VAR in request, prompt_tokens, "
-        "cached_tokens, running, waiting, kv_usage, session, turn, preemption",
+        "cached_tokens, running, waiting, kv_usage, session, turn, preemption, or a "
+        "launch setting: prefix_caching, chunked_prefill, max_num_batched_tokens, "
+        "max_num_seqs, kv_fp8, enforce_eager, spec_decode; or env.VLLM_NAME OP VALUE",
     )
     f.add_argument(
         "--fault-file",
@@ -465,6 +509,9 @@ def config_from_args(
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
         enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enforce_eager=args.enforce_eager,
+        speculative_config=args.speculative_config,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_server_load_tracking=args.enable_server_load_tracking,

@@ -3,7 +3,10 @@
 Each *step* builds a batch under ``--max-num-batched-tokens``: running
 requests first (one decode token each, or the next chunk of a chunked
 prefill), then waiting requests in FIFO order while ``--max-num-seqs`` and
-free blocks allow. A running request that cannot get a block preempts the
+free blocks allow. With ``--no-enable-chunked-prefill`` a waiting prompt is
+admitted only whole: it waits for a step with room for all of it, or runs
+alone when it is longer than the budget (vLLM refuses such a launch; the
+emulator does not check). A running request that cannot get a block preempts the
 most recently admitted one (recompute preemption: its blocks are freed, it
 goes back to the front of the queue and later re-prefills, reusing whatever
 of its prompt is still cached); no new request is admitted in a step that
@@ -45,7 +48,7 @@ from typing import Any, Protocol
 
 from replayer._async import spawn
 from replayer.emulator.config import EmulatorConfig
-from replayer.emulator.faults import FaultPlan, FaultRule
+from replayer.emulator.faults import FaultPlan, FaultRule, Value, env_values
 from replayer.emulator.kvcache import Block, BlockPool
 from replayer.emulator.logs import BatchDump, ReqDump
 from replayer.emulator.metrics import Metrics
@@ -91,6 +94,11 @@ class Engine:
         self.plan = plan
         self.reqlog = reqlog
         self.sink = sink
+        # launch settings and environment: fixed, so read once for every decision
+        self._launch: dict[str, Value] = {
+            **cfg.launch_values(),
+            **env_values(plan.rules, cfg.env),
+        }
         self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size, caching=cfg.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -271,7 +279,7 @@ class Engine:
     ) -> None:
         if not self.plan or self.dead:
             return
-        for d in self.plan.evaluate(event, values):
+        for d in self.plan.evaluate(event, {**self._launch, **values}):
             self.reqlog.write(
                 "trigger",
                 seq=seq,
@@ -437,6 +445,10 @@ class Engine:
                 req.num_computed = len(hit) * self.cfg.block_size
                 req.registered = len(hit)
             n = min(req.num_tokens - req.num_computed, budget)
+            if not self.cfg.enable_chunked_prefill and n < req.num_tokens - req.num_computed:
+                if batch:
+                    break  # no chunking: it waits for a step with room for all of it
+                n = req.num_tokens - req.num_computed  # longer than any step: alone, whole
             if not self._grow(req, req.num_computed + n):
                 break
             self.waiting.popleft()

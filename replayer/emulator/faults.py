@@ -28,6 +28,29 @@ request (or, for ``preemption``, when it preempts one):
 ``preemption``     cumulative preemptions; makes the rule fire on preemptions
 =================  ============================================================
 
+Conditions may also test how the emulator was launched, so that a crash can
+need a setting (and ``replayer bisect --vary`` can find which one turns it
+off). These are fixed for the process's life:
+
+==========================  =====================================================
+``prefix_caching``          1 unless ``--no-enable-prefix-caching``
+``chunked_prefill``         1 unless ``--no-enable-chunked-prefill``
+``max_num_batched_tokens``  ``--max-num-batched-tokens`` (default 16384)
+``max_num_seqs``            ``--max-num-seqs`` (default 1024)
+``kv_fp8``                  1 when ``--kv-cache-dtype`` starts with ``fp8``
+``enforce_eager``           1 with ``--enforce-eager``
+``spec_decode``             1 with ``--speculative-config``
+``env.VLLM_NAME``           the variable's value at start-up
+==========================  =====================================================
+
+``env.`` conditions read ``VLLM_*`` variables only (the ones vLLM reads;
+names are upper-cased). The value may be a number (``env.VLLM_ROCM_USE_AITER=1``;
+``true``/``false`` read as 1/0, as vLLM reads its switches) or, with ``=`` and
+``!=`` only, a word compared without case (``env.VLLM_ATTENTION_BACKEND=TRITON_MLA``).
+An unset variable reads as vLLM's default where :data:`ENV_DEFAULTS` knows it
+(``VLLM_ROCM_USE_AITER`` 0; its sub-switches such as ``VLLM_ROCM_USE_AITER_MLA``
+1, acting only when ``VLLM_ROCM_USE_AITER=1``), and as 0 otherwise.
+
 A rule without ``when`` holds on every request. Each time a rule's conditions
 hold it draws ``U[0,1)`` from its own generator (seeded by ``--seed`` and its
 position) and fires if the draw is below ``p``; ``times`` bounds how often it
@@ -76,7 +99,7 @@ from pathlib import Path
 
 from replayer.errors import UsageError
 
-VARIABLES = (
+REQUEST_VARIABLES = (
     "request",
     "prompt_tokens",
     "cached_tokens",
@@ -87,6 +110,30 @@ VARIABLES = (
     "turn",
     "preemption",
 )
+LAUNCH_VARIABLES = (
+    "prefix_caching",
+    "chunked_prefill",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "kv_fp8",
+    "enforce_eager",
+    "spec_decode",
+)
+"""Fixed at start-up (see ``EmulatorConfig.launch_values``)."""
+ENV_VARIABLE = "env.VLLM_*"
+"""Stands for every ``env.VLLM_NAME`` in a list of allowed variables."""
+VARIABLES = (*REQUEST_VARIABLES, *LAUNCH_VARIABLES, ENV_VARIABLE)
+ENV_DEFAULTS: dict[str, str] = {
+    "VLLM_ROCM_USE_AITER": "0",
+    "VLLM_ROCM_USE_AITER_PAGED_ATTN": "0",
+    "VLLM_ROCM_USE_AITER_LINEAR": "1",
+    "VLLM_ROCM_USE_AITER_MOE": "1",
+    "VLLM_ROCM_USE_AITER_RMSNORM": "1",
+    "VLLM_ROCM_USE_AITER_MLA": "1",
+    "VLLM_ROCM_USE_AITER_MHA": "1",
+}
+"""What vLLM (``vllm/envs.py``) takes for these when unset; other unset
+variables read as 0."""
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
     ">": operator.gt,
@@ -139,19 +186,58 @@ class FaultSpecError(UsageError):
     """A ``--fault`` spec or fault file that cannot be parsed."""
 
 
+Value = float | str
+"""A variable's value: a number, or an ``env.`` variable's text."""
+
+
+def as_number(value: Value) -> float | None:
+    """A value as a number: numeric text, or ``true``/``false`` as vLLM reads
+    its switches; None for other text."""
+    if not isinstance(value, str):
+        return float(value)
+    low = value.strip().lower()
+    if low in ("true", "false"):
+        return float(low == "true")
+    try:
+        return float(low)
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
-    """``var op value``."""
+    """``var op value``; a text value (``env.`` conditions only) compares
+    without case, with ``=``/``==``/``!=`` only."""
 
     var: str
     op: str
-    value: float
+    value: Value
 
-    def holds(self, values: Mapping[str, float]) -> bool:
-        return _OPS[self.op](values[self.var], self.value)
+    def holds(self, values: Mapping[str, Value]) -> bool:
+        actual = values[self.var]
+        if isinstance(self.value, str):
+            same = str(actual).lower() == self.value.lower()
+            return same if self.op != "!=" else not same
+        num = as_number(actual)
+        if num is None:  # text is unequal to every number, and unordered
+            return self.op == "!="
+        return _OPS[self.op](num, self.value)
 
     def __str__(self) -> str:
-        return f"{self.var}{self.op}{self.value:g}"
+        shown = self.value if isinstance(self.value, str) else f"{self.value:g}"
+        return f"{self.var}{self.op}{shown}"
+
+
+def env_values(rules: Sequence[FaultRule], env: Mapping[str, str]) -> dict[str, Value]:
+    """The ``env.`` variables ``rules`` name, read from ``env`` (unset: the
+    :data:`ENV_DEFAULTS` value, else ``"0"``)."""
+    out: dict[str, Value] = {}
+    for rule in rules:
+        for c in rule.conditions:
+            if c.var.startswith("env."):
+                name = c.var[4:]
+                out[c.var] = env.get(name, ENV_DEFAULTS.get(name, "0"))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +287,22 @@ def _fail(where: str, msg: str) -> FaultSpecError:
     return FaultSpecError(f"bad fault {where}: {msg}")
 
 
+_NUMBER = r"-?[0-9.]+(?:e-?[0-9]+)?"
+
+
 def _condition(text: str, where: str, variables: Sequence[str] = VARIABLES) -> Condition:
-    m = re.fullmatch(rf"([a-z_]+){_OP_RE}(-?[0-9.]+(?:e-?[0-9]+)?)", text)
+    env = re.fullmatch(rf"(?i:env)\.([A-Za-z0-9_]+){_OP_RE}([A-Za-z0-9_.:+-]+)", text)
+    if env and ENV_VARIABLE in variables:
+        name, op, raw = env.groups()
+        name = name.upper()
+        if not name.startswith("VLLM_"):
+            raise _fail(where, f"env conditions read VLLM_* variables only, not {name!r}")
+        if re.fullmatch(_NUMBER, raw.lower()):
+            return Condition(f"env.{name}", op, float(raw))
+        if op not in ("=", "==", "!="):
+            raise _fail(where, f"{text!r}: a word compares with = or != only")
+        return Condition(f"env.{name}", op, raw)
+    m = re.fullmatch(rf"([a-z_][a-z0-9_]*){_OP_RE}({_NUMBER})", text.lower())
     if not m:
         raise _fail(where, f"cannot parse condition {text!r} (expected VAR>=NUMBER)")
     var, op, num = m.groups()
@@ -301,7 +401,7 @@ def parse_spec(
             if low == "always":
                 want_cond = False
                 continue
-            conditions.append(_condition(low, where, variables))
+            conditions.append(_condition(word, where, variables))
             want_cond = False
             continue
         if not sep:
@@ -330,8 +430,8 @@ def parse_mapping(entry: object, index: int, where: str) -> FaultRule:
     conds: list[Condition] = []
     for clause in clauses:
         for part in re.split(r"\s+and\s+", str(clause).strip()):
-            part = re.sub(rf"\s*{_OP_RE}\s*", r"\1", part).lower()
-            if part and part != "always":
+            part = re.sub(rf"\s*{_OP_RE}\s*", r"\1", part)
+            if part and part.lower() != "always":
                 conds.append(_condition(part, where))
     options = {k: _text(data.pop(k)) for k in _RULE_KEYS if k in data}
     if "probability" in options:
@@ -404,7 +504,7 @@ class Decision:
     draw: float | None
     """The random draw, made only when the conditions held and p < 1."""
     fired: bool
-    values: dict[str, float]
+    values: dict[str, Value]
     """The values of the variables the rule's conditions name."""
 
 
@@ -429,7 +529,7 @@ class FaultPlan:
     def fired(self, index: int) -> int:
         return self._fired[index]
 
-    def evaluate(self, event: str, values: Mapping[str, float]) -> list[Decision]:
+    def evaluate(self, event: str, values: Mapping[str, Value]) -> list[Decision]:
         """Evaluate every live rule that listens to ``event``."""
         out: list[Decision] = []
         for i, rule in enumerate(self.rules):

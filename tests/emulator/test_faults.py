@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -11,6 +12,7 @@ from replayer.emulator.faults import (
     Condition,
     FaultPlan,
     FaultSpecError,
+    env_values,
     load_file,
     load_rules,
     parse_spec,
@@ -173,3 +175,152 @@ def test_probability_draws_are_seeded_and_logged():
     # The documented seeding: rule i's generator is Random(f"{seed}:{i}:{name}").
     rng = random.Random("7:0:flaky")
     assert [d.draw for d in a] == [rng.random() for _ in a]
+
+
+# -- launch settings and environment (issue 16: what makes it go away) -------------------
+
+
+def test_launch_and_env_conditions_parse(tmp_path):
+    r = parse_spec(
+        "exit when prefix_caching=1 and max_num_batched_tokens>=8192 and kv_fp8=0 "
+        "and env.vllm_rocm_use_aiter_mla = 1 and env.VLLM_ATTENTION_BACKEND!=triton_mla"
+    )
+    assert r.conditions == (
+        Condition("prefix_caching", "=", 1),
+        Condition("max_num_batched_tokens", ">=", 8192),
+        Condition("kv_fp8", "=", 0),
+        Condition("env.VLLM_ROCM_USE_AITER_MLA", "=", 1),
+        Condition("env.VLLM_ATTENTION_BACKEND", "!=", "triton_mla"),
+    )
+    assert r.when.endswith(
+        "env.VLLM_ROCM_USE_AITER_MLA=1 and env.VLLM_ATTENTION_BACKEND!=triton_mla"
+    )
+    f = tmp_path / "f.toml"
+    f.write_text('[[fault]]\neffect = "exit"\nwhen = "env.VLLM_X=1 and kv_fp8=1"\n')
+    (c,) = load_file(f)
+    assert c.conditions == (Condition("env.VLLM_X", "=", 1), Condition("kv_fp8", "=", 1))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("exit when env.HOME=1", "env conditions read VLLM_* variables only, not 'HOME'"),
+        ("exit when env.VLLM_X>=abc", "a word compares with = or != only"),
+        ("exit when enforce_eager=yes", "cannot parse condition 'enforce_eager=yes'"),
+    ],
+)
+def test_bad_launch_and_env_conditions(spec, message):
+    with pytest.raises(FaultSpecError, match=re.escape(message)):
+        parse_spec(spec)
+
+
+def test_env_values_read_vllm_defaults_when_unset():
+    rules = [
+        parse_spec("exit when env.VLLM_ROCM_USE_AITER_MLA=1 and env.VLLM_ROCM_USE_AITER=1"),
+        parse_spec("hang when env.VLLM_ATTENTION_BACKEND=TRITON_ATTN"),
+    ]
+    assert env_values(rules, {}) == {
+        "env.VLLM_ROCM_USE_AITER_MLA": "1",  # vLLM's default: on (acting under AITER=1)
+        "env.VLLM_ROCM_USE_AITER": "0",
+        "env.VLLM_ATTENTION_BACKEND": "0",  # not in the table: unset reads as 0
+    }
+    assert env_values(rules, {"VLLM_ROCM_USE_AITER": "true"})["env.VLLM_ROCM_USE_AITER"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("cond", "value", "holds"),
+    [
+        (Condition("env.X", "=", 1), "1", True),
+        (Condition("env.X", "=", 1), "True", True),  # vLLM's switches read true as 1
+        (Condition("env.X", "=", 1), "0", False),
+        (Condition("env.X", "!=", 1), "TRITON_ATTN", True),  # text is no number
+        (Condition("env.X", ">=", 1), "TRITON_ATTN", False),
+        (Condition("env.X", "=", "triton_attn"), "TRITON_ATTN", True),  # words: no case
+        (Condition("env.X", "!=", "triton_attn"), "ROCM_ATTN", True),
+        (Condition("env.X", "=", "triton_attn"), "0", False),
+    ],
+)
+def test_env_conditions_compare_numbers_and_words(cond, value, holds):
+    assert cond.holds({"env.X": value}) is holds
+
+
+def test_every_flag_the_default_variants_touch_parses_and_reaches_the_conditions():
+    import argparse
+
+    from replayer.emulator.config import add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+
+    def cfg(*argv, **env):
+        return config_from_args(p.parse_args(list(argv)), env)
+
+    base = cfg().launch_values()
+    assert base == {
+        "prefix_caching": 1.0,
+        "chunked_prefill": 1.0,
+        "max_num_batched_tokens": 16384.0,
+        "max_num_seqs": 1024.0,
+        "kv_fp8": 0.0,
+        "enforce_eager": 0.0,
+        "spec_decode": 0.0,
+    }
+    varied = cfg(
+        "--no-enable-prefix-caching",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "4096",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--enforce-eager",
+        "--speculative-config",
+        '{"method": "mtp", "num_speculative_tokens": 1}',
+    ).launch_values()
+    assert varied == {
+        "prefix_caching": 0.0,
+        "chunked_prefill": 0.0,
+        "max_num_batched_tokens": 4096.0,
+        "max_num_seqs": 1024.0,
+        "kv_fp8": 1.0,
+        "enforce_eager": 1.0,
+        "spec_decode": 1.0,
+    }
+    assert cfg("--enable-prefix-caching", "--no-enforce-eager").launch_values() == base
+    assert cfg(VLLM_ROCM_USE_AITER_MLA="0").env == {"VLLM_ROCM_USE_AITER_MLA": "0"}
+
+
+def test_the_engine_tests_launch_settings_and_environment():
+    from tests.emulator.test_engine import add, make
+
+    def errors(faults, **cfg):
+        e = make(faults, **cfg)
+        req = add(e, list(range(64)))
+        e.step()
+        return req.error is not None
+
+    env_rule = ["error when env.VLLM_ROCM_USE_AITER_MLA=1 and env.VLLM_ROCM_USE_AITER=1"]
+    assert not errors(env_rule)  # AITER is off by default
+    assert errors(env_rule, env={"VLLM_ROCM_USE_AITER": "1"})  # its MLA switch defaults on
+    assert not errors(env_rule, env={"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "0"})
+    cache_rule = ["error when prefix_caching=1 and chunked_prefill=1 and enforce_eager=0"]
+    assert errors(cache_rule)
+    assert not errors(cache_rule, enable_prefix_caching=False)
+    assert not errors(cache_rule, enable_chunked_prefill=False)
+    assert not errors(cache_rule, enforce_eager=True)
+    assert errors(
+        ["error when spec_decode=1 and kv_fp8=1"], speculative_config="{}", kv_cache_dtype="fp8"
+    )
+    assert not errors(["error when spec_decode=1"])
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_room_for_all_of_it():
+    from tests.emulator.test_engine import add, make
+
+    for chunked, first_step in [(True, [(1, 100), (2, 28)]), (False, [(1, 100)])]:
+        e = make(max_num_batched_tokens=128, enable_chunked_prefill=chunked)
+        add(e, list(range(100)))
+        add(e, [9] * 100)
+        assert [(r.n, n) for r, n in e.step()] == first_step, chunked
+    e = make(max_num_batched_tokens=64, enable_chunked_prefill=False)
+    add(e, list(range(100)))  # longer than any step: prefilled alone, whole
+    assert [(r.n, n) for r, n in e.step()] == [(1, 100)]
