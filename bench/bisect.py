@@ -138,7 +138,13 @@ def deterministic(tmp: Path) -> dict[str, Any]:
     }
 
 
-def flaky(tmp: Path, runs: int) -> dict[str, Any]:
+ONE_TRIGGER = "exit after=0.1 when request=40 p=0.5"
+FIVE_TRIGGERS = "exit after=0.1 when request>=40 and request<=44 p=0.5"
+"""Each of requests 40-44 kills the engine with p = 0.5, independently: the
+full trace crashes 97% of runs, the minimal prefix (40) 50%."""
+
+
+def flaky(tmp: Path, runs: int, fault: str = ONE_TRIGGER) -> dict[str, Any]:
     from replayer.bisect.pipeline import BisectOptions
     from replayer.trace.synth import SynthOptions, write_trace
 
@@ -156,7 +162,6 @@ def flaky(tmp: Path, runs: int) -> dict[str, Any]:
             seed=22,
         ),
     )
-    fault = "exit after=0.1 when request=40 p=0.5"
     exact = 0
     trials = []
     found = []
@@ -179,7 +184,8 @@ def flaky(tmp: Path, runs: int) -> dict[str, Any]:
         opts = BisectOptions(
             stages=("calibrate", "cut", "prefix"), calibrate_matches=5, calibrate_runs=12, confirm=0
         )
-        b, res, _, _ = asyncio.run(_bisect(trace_path, tmp / f"flaky-{seed}", launch, opts, "asap"))
+        out = tmp / f"flaky-{abs(hash(fault)) % 1000}-{seed}"
+        b, res, _, _ = asyncio.run(_bisect(trace_path, out, launch, opts, "asap"))
         found.append(b.prefix_length)
         exact += b.prefix_length == 40
         trials.append(len(b.oracle.history()))
@@ -245,37 +251,120 @@ def simulated(seeds: int, n: int = 1000) -> dict[str, Any]:
     return out
 
 
+def simulated_triggers(seeds: int) -> dict[str, Any]:
+    """Per-trigger flaky crashes (k triggers, each firing with p), on the fake
+    runner: the prefix stage as the pipeline runs it, against the repeat-rule
+    binary search it ran before issue 16 whenever calibration looked steady
+    (five triggers at p = 0.5 crash 97% of runs), same seeds for both."""
+    import random
+
+    from replayer.bisect.oracle import Candidate, Oracle, Outcome
+    from replayer.bisect.search import shortest_prefix
+    from replayer.testing.fakes import FakeRunner
+
+    def prefixes(j: int) -> Candidate:
+        return Candidate(tuple(range(j)))
+
+    async def one(d: Path, seed: int, n: int, k: int, p: float, now: bool) -> Any:
+        rng = random.Random(seed)
+        trig = sorted(rng.sample(range(n // 4, n), k))
+        runner = FakeRunner(frozenset(), p=p, seed=seed, triggers=frozenset(trig))
+        o = Oracle(runner, d / f"{now}-{n}-{k}-{p}-{seed}.jsonl")
+        full = prefixes(n)
+        for _ in range(12):  # the pipeline's calibration: 5 matches or 12 runs
+            if o.counts(full)[Outcome.MATCH] >= 5:
+                break
+            await o.run_once(full, "calibrate")
+        if not o.matched:
+            return None
+        runner.calls.clear()
+        steady = o.repeats(upto=o.mark("prefix")) == 1
+        if now:
+            h = await o.flaky_prefix(n, prefixes, binary_first=steady)
+        elif steady:
+
+            async def probe(prefix: tuple[int, ...]) -> bool:
+                return await o.test(Candidate(prefix))
+
+            h = await shortest_prefix(list(range(n)), (), probe)
+        else:
+            h = await o.flaky_prefix(n, prefixes)
+        return h == trig[0] + 1, len(runner.calls)
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for n, k, p in (
+            (1000, 1, 1.0),
+            (1000, 1, 0.5),
+            (60, 5, 0.5),
+            (1000, 5, 0.5),
+            (200, 8, 0.3),
+        ):
+            for now in (False, True):
+                got = [r for s in range(seeds) if (r := asyncio.run(one(Path(d), s, n, k, p, now)))]
+                out[f"n={n} k={k} p={p} {'now' if now else 'before'}"] = {
+                    "searches": len(got),
+                    "exact": sum(e for e, _ in got),
+                    "trials_mean": round(statistics.mean(t for _, t in got), 1),
+                    "trials_max": max(t for _, t in got),
+                }
+    return out
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="bench bisect")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--cases",
+        default="deterministic,flaky1,flaky5,simulated,triggers",
+        help="comma-separated: deterministic, flaky1, flaky5, simulated, triggers",
+    )
     opts = ap.parse_args(argv)
+    cases = set(opts.cases.split(","))
+    out: dict[str, Any] = {}
+    runs = 5 if opts.quick else 20
     with tempfile.TemporaryDirectory(prefix="replayer-bench-bisect-") as d:
         tmp = Path(d)
-        det = deterministic(tmp)
-        print("| deterministic prefix-cache crash, 1,000 requests / 100 sessions | value |")
-        print("|---|---|")
-        print(f"| result | {', '.join(det['result'])} (exact: {det['exact']}) |")
-        print(f"| trials, total without confirmation | **{det['trials_total']}** (target <= 45) |")
-        print(f"| trials by stage | {det['trials_by_stage']} |")
-        print(
-            f"| prefix trials | {det['trials_by_stage'].get('prefix', 0)} (target <= "
-            f"ceil(log2 {det['cut_size']}) + 2 = {det['prefix_bound']}) |"
-        )
-        print(f"| wall time | {det['seconds']} s |")
-        fl = flaky(tmp, 5 if opts.quick else 20)
-        print("\n| flaky (p = 0.5) crash on the 40th request, prefix stage | value |")
-        print("|---|---|")
-        print(f"| exact minimal prefix | **{fl['exact']} / {fl['runs']}** (target >= 19 of 20) |")
-        print(f"| prefixes found | {fl['prefixes']} |")
-        print(f"| trials per bisect | mean {fl['trials_mean']}, max {fl['trials_max']} |")
-    sim = simulated(100)
-    print(
-        "\n| prefix search, fake runner, n = 1,000, 100 seeds | searches | exact | "
-        "trials mean | max |"
-    )
-    print("|---|---|---|---|---|")
-    for name, r in sim.items():
-        print(
-            f"| {name} | {r['searches']} | {r['exact']} | {r['trials_mean']} | {r['trials_max']} |"
-        )
-    return {"deterministic": det, "flaky": fl, "simulated": sim}
+        if "deterministic" in cases:
+            det = out["deterministic"] = deterministic(tmp)
+            print("| deterministic prefix-cache crash, 1,000 requests / 100 sessions | value |")
+            print("|---|---|")
+            print(f"| result | {', '.join(det['result'])} (exact: {det['exact']}) |")
+            print(
+                f"| trials, total without confirmation | **{det['trials_total']}** (target <= 45) |"
+            )
+            print(f"| trials by stage | {det['trials_by_stage']} |")
+            print(
+                f"| prefix trials | {det['trials_by_stage'].get('prefix', 0)} (target <= "
+                f"ceil(log2 {det['cut_size']}) + 2 = {det['prefix_bound']}) |"
+            )
+            print(f"| wall time | {det['seconds']} s |")
+        for case, fault, what in (
+            ("flaky1", ONE_TRIGGER, "crash on the 40th request"),
+            ("flaky5", FIVE_TRIGGERS, "crash on each of requests 40-44"),
+        ):
+            if case not in cases:
+                continue
+            fl = out[case] = flaky(tmp, runs, fault)
+            print(f"\n| flaky (p = 0.5) {what}, prefix stage | value |")
+            print("|---|---|")
+            print(
+                f"| exact minimal prefix | **{fl['exact']} / {fl['runs']}** (target >= 19 of 20) |"
+            )
+            print(f"| prefixes found | {fl['prefixes']} |")
+            print(f"| trials per bisect | mean {fl['trials_mean']}, max {fl['trials_max']} |")
+    for case, fn, title in (
+        ("simulated", simulated, "prefix search, fake runner, n = 1,000, one culprit, 100 seeds"),
+        ("triggers", simulated_triggers, "prefix stage, fake runner, k triggers at p, 100 seeds"),
+    ):
+        if case not in cases:
+            continue
+        sim = out[case] = fn(100)
+        print(f"\n| {title} | searches | exact | trials mean | max |")
+        print("|---|---|---|---|---|")
+        for name, r in sim.items():
+            print(
+                f"| {name} | {r['searches']} | {r['exact']} | {r['trials_mean']} | "
+                f"{r['trials_max']} |"
+            )
+    return out

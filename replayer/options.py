@@ -288,6 +288,15 @@ SEARCH = Group(
             cli="--calibrate",
         ),
         Opt("calibrate_runs", int, 10, "... or after N runs (default 10)", "N"),
+        Opt(
+            "prefix_recheck",
+            int,
+            2,
+            "after a binary prefix search, N more runs of the longest quiet prefix: "
+            "each costs a steady crash a trial, and catches one flaky at shorter lengths "
+            "(default 2)",
+            "N",
+        ),
         Opt("alpha", float, 0.05, "risk of dismissing a crashing candidate (default 0.05)", "P"),
         Opt("confirm", int, 10, "runs of the final repro to measure its rate (default 10)", "N"),
         Opt("max_trials", int, None, "stop after N trials (the best bundle so far is kept)", "N"),
@@ -472,6 +481,7 @@ def bisect_options(values: Mapping[str, Any]) -> BisectOptions:
         stages=tuple(stages),
         calibrate_matches=v["calibrate_matches"],
         calibrate_runs=v["calibrate_runs"],
+        prefix_recheck=v["prefix_recheck"],
         confirm=v["confirm"],
         alpha=v["alpha"],
         max_trials=v["max_trials"],

@@ -165,7 +165,7 @@ class Oracle:
         """Trial counts at named points of the search (journaled, for resume)."""
         self.stage = ""
         self._runs = 0
-        self._rate_memo: dict[tuple[int | None, int], tuple[int, int]] = {}
+        self._rate_memo: dict[tuple[int | None, int, str | None], tuple[int, int]] = {}
         self.on_trial: list[Any] = []
         self._load()
 
@@ -222,17 +222,23 @@ class Oracle:
 
     # -- statistics ------------------------------------------------------------
 
-    def crash_rate(self, upto: int | None = None) -> tuple[int, int]:
+    def crash_rate(
+        self, upto: int | None = None, within: Candidate | None = None
+    ) -> tuple[int, int]:
         """Matches and non-INFRA runs pooled over candidates known to hold the
-        culprits; with ``upto``, as it stood after trial ``upto``."""
-        memo = (upto, self._runs)  # a new run invalidates every cached rate
+        culprits; with ``upto``, as it stood after trial ``upto``; with
+        ``within``, only over candidates inside it (a smaller candidate can
+        hold fewer of several triggers and crash less often than the whole
+        trace did)."""
+        memo = (upto, self._runs, within.key() if within else None)  # a new run: all stale
         if memo in self._rate_memo:
             return self._rate_memo[memo]
         runs = [
             (self.candidates[key], r)
             for key, recs in self.records.items()
             for r in recs
-            if upto is None or r.trial <= upto
+            if (upto is None or r.trial <= upto)
+            and (within is None or within.covers(self.candidates[key]))
         ]
         matched = {c for c, r in runs if r.outcome is Outcome.MATCH}
         k = n = 0
@@ -245,12 +251,27 @@ class Oracle:
         self._rate_memo[memo] = (k, n)
         return k, n
 
-    def repeats(self, alpha: float | None = None, upto: int | None = None) -> int:
-        """Quiet runs needed to dismiss a candidate now (or after trial ``upto``)."""
+    def repeats(
+        self,
+        alpha: float | None = None,
+        upto: int | None = None,
+        within: Candidate | None = None,
+    ) -> int:
+        """Quiet runs needed to dismiss a candidate now (or after trial
+        ``upto``). A crash every run so far is deterministic: one. Otherwise
+        the rate's lower bound decides, the lower of the pooled one and the
+        one of the runs ``within`` the candidate being reduced: shrinking can
+        lower the rate, never raise it."""
         k, n = self.crash_rate(upto)
         if n and k == n and k >= self.deterministic_after:
             return 1
         lo, _ = wilson(k, n)
+        if within is not None:
+            # only on enough runs: a lower bound from three runs is near zero,
+            # and would make every dismissal cost the cap
+            kw, nw = self.crash_rate(upto, within)
+            if nw >= 2 * self.deterministic_after:
+                lo = min(lo, wilson(kw, nw)[0])
         return repeats_for(max(lo, self.p_floor), alpha if alpha is not None else self.alpha)
 
     def counts(self, cand: Candidate) -> dict[Outcome, int]:
@@ -282,8 +303,16 @@ class Oracle:
             cb(rec, cand)
         return rec
 
-    async def test(self, cand: Candidate, *, stage: str = "", alpha: float | None = None) -> bool:
-        """Is ``cand`` interesting? Cached verdicts are final."""
+    async def test(
+        self,
+        cand: Candidate,
+        *,
+        stage: str = "",
+        alpha: float | None = None,
+        within: Candidate | None = None,
+    ) -> bool:
+        """Is ``cand`` interesting? Cached verdicts are final. ``within``: the
+        candidate being reduced (see :meth:`repeats`)."""
         key = cand.key()
         if key in self.verdicts:
             return self.verdicts[key]
@@ -293,7 +322,7 @@ class Oracle:
             if c[Outcome.MATCH]:
                 return self._decide(key, True)
             quiet = c[Outcome.PASS] + c[Outcome.OTHER_FAILURE] + c[Outcome.INVALID]
-            if quiet >= self.repeats(alpha):
+            if quiet >= self.repeats(alpha, within=within):
                 return self._decide(key, False)
             if infra_row > self.infra_retries:
                 return self._decide(key, False)  # unresolved counts as not interesting
@@ -309,18 +338,31 @@ class Oracle:
         return self.marks[name]
 
     async def flaky_prefix(
-        self, n: int, make: Callable[[int], Candidate], *, stage: str = "prefix"
+        self,
+        n: int,
+        make: Callable[[int], Candidate],
+        *,
+        stage: str = "prefix",
+        binary_first: bool = False,
+        recheck: int = 2,
     ) -> int:
         """The shortest crashing prefix by Bayesian bisection (one run per probe,
-        :func:`~replayer.bisect.search.bayes_prefix`), for a crash too flaky
-        for :meth:`test`'s repeat rule to be cheap.
+        :func:`~replayer.bisect.search.bayes_prefix`).
 
-        The runs pooled before the search (:meth:`crash_rate`) are its prior
-        on the crash rate. A probe first consumes the candidate's runs
-        journaled after that point, oldest first, so a resumed search takes
-        the same path and repeats no run."""
+        The runs of the full selection before the search are its first data
+        (as runs of prefix n). With ``binary_first`` (a crash that looked
+        deterministic) a plain binary search of one run per probe goes first,
+        then ``recheck`` more runs of the longest prefix it found quiet: if
+        none crashes, its answer stands (a deterministic crash pays
+        ``recheck`` runs over the binary search); if one does, the crash is
+        flaky at the shorter lengths (a prefix with fewer of several triggers
+        than the whole trace) and the Bayesian search takes over with every
+        run so far as data. A probe first
+        consumes the candidate's runs journaled after the stage began, oldest
+        first, so a resumed search takes the same path and repeats no run."""
         clock = self.mark(stage)
         used: dict[str, int] = {}
+        seen: list[tuple[int, bool]] = []
 
         async def probe(j: int) -> bool:
             cand = make(j)
@@ -333,11 +375,34 @@ class Oracle:
                 rec = known[i] if i < len(known) else await self.run_once(cand, stage)
                 used[key] = i + 1
                 if rec.outcome is not Outcome.INFRA:
+                    seen.append((j, rec.outcome is Outcome.MATCH))
                     return rec.outcome is Outcome.MATCH
             return False  # unresolved: taken as quiet, which only lengthens the search
 
-        k, runs = self.crash_rate(clock)
-        return await bayes_prefix(n, probe, (k, runs - k))
+        full = make(n)
+        before = [
+            (n, r.outcome is Outcome.MATCH)
+            for r in self.records.get(full.key(), [])
+            if r.trial <= clock and r.outcome is not Outcome.INFRA
+        ]
+        if binary_first:
+            lo, hi = 0, n  # prefix hi crashed; lo is taken to be quiet
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if await probe(mid):
+                    hi = mid
+                else:
+                    lo = mid
+            # Re-run the longest prefix found quiet, once dismissed on one run:
+            # it holds the trigger whenever the search overshot (every later
+            # probe was longer), so a crash flaky at that length shows there,
+            # and a deterministic one pays only these runs.
+            for _ in range(recheck if lo else 0):
+                if await probe(lo):
+                    break
+            else:
+                return hi
+        return await bayes_prefix(n, probe, [*before, *seen])
 
     def _decide(self, key: str, value: bool) -> bool:
         self.verdicts[key] = value

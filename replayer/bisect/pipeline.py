@@ -85,6 +85,11 @@ class BisectOptions:
     stages: tuple[str, ...] = STAGES
     calibrate_matches: int = 5
     calibrate_runs: int = 10
+    prefix_recheck: int = 2
+    """After a binary prefix search (a crash that looked deterministic), runs
+    of the longest prefix it found quiet: each costs a deterministic crash
+    one trial and catches a crash that is flaky at shorter lengths with
+    probability p (bench/RESULTS.md, issue 16)."""
     confirm: int = 10
     alpha: float = 0.05
     max_trials: int | None = None
@@ -107,6 +112,8 @@ class BisectOptions:
             raise OptionError("calibrate_runs", "must be at least 1")
         if self.confirm < 0:
             raise OptionError("confirm", "must not be negative")
+        if self.prefix_recheck < 0:
+            raise OptionError("prefix_recheck", "must not be negative")
         if not 0 < self.alpha < 1:
             raise OptionError("alpha", "must be between 0 and 1")
         if self.max_trials is not None and self.max_trials < 1:
@@ -157,8 +164,7 @@ class _Trials:
         sig = obs.signature_hash
         outcome = obs.outcome
         c = b.chase
-        slipped = c.regex is None and None not in (c.signature, sig) and sig != c.signature
-        if outcome is Outcome.MATCH and slipped:
+        if outcome is Outcome.MATCH and c.is_other(obs.signature):
             outcome = Outcome.OTHER_FAILURE  # a runner's MATCH with another crash's label
         rec = TrialRecord(
             trial=trial,
@@ -184,7 +190,7 @@ class _Trials:
         if outcome is Outcome.MATCH:
             if not c.pinned:
                 # the first crash of the full trace is the one this bisect chases
-                c.failure_class, c.signature = obs.failure_class, sig
+                c.pin(obs.failure_class, obs.signature)
             if b.signature is None and isinstance(obs.signature, Signature):
                 b.signature = obs.signature
         return rec
@@ -251,6 +257,10 @@ class Bisect:
         self.prefix_length: int | None = None
         self.stages_done: list[str] = []
         self.trace_sha = ""
+        self.vary: Callable[[Bisect], Awaitable[None]] | None = None
+        """Run after confirming (``--vary``: :func:`replayer.bisect.vary.bisect_hook`)."""
+        self.variants: dict[str, Any] | None = None
+        """What the hook found: the manifest's ``variants``."""
         self._restore_chase()
 
     # -- bookkeeping -------------------------------------------------------------
@@ -260,11 +270,15 @@ class Bisect:
         for rec in self.oracle.history():
             if rec.outcome is not Outcome.MATCH:
                 continue
-            if not self.chase.pinned:
-                self.chase.failure_class, self.chase.signature = rec.failure_class, rec.signature
+            restored = not self.chase.pinned
+            if restored:
+                self.chase.pin(rec.failure_class, rec.signature)
             sig_path = self.out / (rec.run or "") / "signature.json"
             if rec.run and sig_path.exists():
                 self.signature = Signature.from_dict(orjson.loads(sig_path.read_bytes()))
+                if restored and self.signature.hash == rec.signature:
+                    # the journal holds the hash only: the exit-aware match needs the rest
+                    self.chase.pin(rec.failure_class, self.signature)
                 return
 
     def _progress(self, rec: TrialRecord, cand: Candidate) -> None:
@@ -288,7 +302,9 @@ class Bisect:
         probes = 0.0
         for s in stages_left:
             if s in ("prefix", "sessions", "turns"):
-                probes += math.ceil(math.log2(max(n, 2)))
+                probes += math.ceil(math.log2(max(n, 2))) + (
+                    self.opts.prefix_recheck if s == "prefix" else 0
+                )
             elif s == "timing":
                 probes += len(self.opts.speedups) + max(2, self.opts.calibrate_matches)
         return (
@@ -327,7 +343,7 @@ class Bisect:
         return Candidate(tuple(sorted(positions)), self.best.timing, self.best.speed)
 
     async def test(self, positions: Sequence[int], stage: str) -> bool:
-        return await self.oracle.test(self.candidate(positions), stage=stage)
+        return await self.oracle.test(self.candidate(positions), stage=stage, within=self.best)
 
     def improve(self, cand: Candidate, stage: str) -> None:
         if cand != self.best:
@@ -373,6 +389,8 @@ class Bisect:
             if self.opts.confirm:
                 await _confirm.confirm(self)
                 self.stages_done.append("confirm")
+            if self.vary is not None:
+                await self.vary(self)
         except NotReproducible as exc:
             self.say(f"== not reproducible: {exc}")
             return BisectResult("not_reproducible", self.best, None, self.oracle.trials)

@@ -58,6 +58,15 @@ async def bisect_reduce(items: Sequence[T], pinned: tuple[T, ...], test: Test[T]
     return tuple(sorted(kept, key=order.__getitem__))
 
 
+FAR = 0.5
+"""Weight of a run longer than the shortest crash seen in the crash-rate
+estimate. A longer prefix can hold more triggers and crash more often (five
+triggers at p = 0.5 crash 97% of runs, one 50%): at full weight, its crashes
+made quiet runs of the one-trigger prefix look conclusive (exact 17 of 50 on
+the fake runner); the less weight, the more probes a steady crash pays to be
+sure (bench/RESULTS.md, issue 16)."""
+
+
 def _lbeta(a: float, b: float) -> float:
     return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
@@ -72,15 +81,24 @@ class _Posterior:
     enters through which runs it is at most, so the weights are constant
     between probed lengths: the posterior is a list of segments."""
 
-    def __init__(self, n: int, a: float, b: float, runs: list[tuple[int, bool]]) -> None:
+    def __init__(
+        self, n: int, a: float, b: float, runs: list[tuple[int, bool]], far: float | None = None
+    ) -> None:
+        far = FAR if far is None else far
         top = min((j for j, crashed in runs if crashed), default=n)
         cuts = sorted({j for j, _ in runs if j < top} | {top})
         self.segments: list[tuple[int, int, float]] = []  # (lo, hi]: log weight of each h
+        self.rates: list[float] = []
+        """Per segment, the posterior mean crash rate under its h."""
         lo = 0
         for hi in cuts:
-            c = sum(1 for j, crashed in runs if j >= hi and crashed)
-            q = sum(1 for j, crashed in runs if j >= hi and not crashed)
+            c = q = 0.0
+            for j, crashed in runs:
+                if j >= hi:
+                    w = 1.0 if j <= top else far
+                    c, q = (c + w, q) if crashed else (c, q + w)
             self.segments.append((lo, hi, _lbeta(a + c, b + q)))
+            self.rates.append((a + c) / (a + b + c + q))
             lo = hi
         m = max(w for _, _, w in self.segments)
         self.log_z = m + math.log(sum((hi - lo) * math.exp(w - m) for lo, hi, w in self.segments))
@@ -101,25 +119,33 @@ class _Posterior:
             acc += mass
         return self.segments[-1][1]
 
+    def p_crash(self, j: int) -> float:
+        """P(a run of prefix j crashes): over h <= j, its rate."""
+        return sum(
+            max(0, min(hi, j) - lo) * self.prob(w) * rate
+            for (lo, hi, w), rate in zip(self.segments, self.rates, strict=True)
+        )
+
     def entropy(self) -> float:
         return -sum((hi - lo) * self.prob(w) * (w - self.log_z) for lo, hi, w in self.segments)
 
 
 def _expected_entropy(
-    n: int, a: float, b: float, runs: list[tuple[int, bool]], j: int, log_z: float
+    n: int, a: float, b: float, runs: list[tuple[int, bool]], j: int, post: _Posterior
 ) -> float:
     """The posterior's entropy after one more run of prefix j, in expectation
-    (P(crash) is the ratio of the evidence with and without that crash)."""
+    (P(crash) from the current posterior: the runs a hypothesis weighs depend
+    on the shortest crash, so evidences of two outcomes do not compare)."""
     crash = _Posterior(n, a, b, [*runs, (j, True)])
     quiet = _Posterior(n, a, b, [*runs, (j, False)])
-    pc = math.exp(crash.log_z - log_z)
+    pc = post.p_crash(j)
     return pc * crash.entropy() + (1.0 - pc) * quiet.entropy()
 
 
 async def bayes_prefix(
     n: int,
     probe: Callable[[int], Awaitable[bool]],
-    prior: tuple[int, int] = (0, 0),
+    seen: Sequence[tuple[int, bool]] = (),
     *,
     confidence: float = 0.99,
     max_probes: int = 1000,
@@ -127,17 +153,20 @@ async def bayes_prefix(
     """The shortest crashing prefix under a flaky crash: Bayesian bisection
     for one-sided noise (MINIMIZE.md §4.1), with the crash rate unknown.
 
-    ``probe(j)`` runs prefix j once (prefix n is known to crash); ``prior`` is
-    (crashes, quiet runs) already seen of candidates holding the culprits.
-    The posterior over h* pools every run, so crashes of long prefixes sharpen
-    what quiet runs of short ones prove. Each probe goes where the expected
-    entropy of the posterior after it is lowest, among the quartiles, the
-    points just below them and the shortest crashing length (a run there
-    only measures p, which is worth it when p is the doubt). The search ends
-    when one length holds ``confidence`` of the mass; a crash is never
-    overruled, so the answer is never shorter than h*."""
-    a, b = prior[0] + 1.0, prior[1] + 1.0
-    runs: list[tuple[int, bool]] = []
+    ``probe(j)`` runs prefix j once (prefix n is known to crash); ``seen``
+    are runs already made, as (length, crashed): the calibration's at n, a
+    binary search's. The crash rate under each h is estimated from the runs
+    between h and the shortest crash, with longer ones down-weighted
+    (:data:`FAR`): a longer prefix may hold more triggers and crash more
+    often, and must not make quiet runs of a shorter one look conclusive.
+    Each probe goes where the expected entropy of the posterior after it is
+    lowest, among the quartiles, the points just below them and the
+    shortest crashing length (a run there only measures p, which is worth it
+    when p is the doubt). The search ends when one length holds
+    ``confidence`` of the mass; a crash is never overruled, so the answer is
+    never shorter than h*."""
+    a = b = 1.0
+    runs: list[tuple[int, bool]] = [(min(j, n), c) for j, c in seen]
     for _ in range(max_probes):
         post = _Posterior(n, a, b, runs)
         best, mass = post.mode()
@@ -148,6 +177,6 @@ async def bayes_prefix(
             j = post.quantile(f)
             choices |= {j, max(1, j - 1)}
 
-        j = min(sorted(choices), key=lambda j: _expected_entropy(n, a, b, runs, j, post.log_z))
+        j = min(sorted(choices), key=lambda j: _expected_entropy(n, a, b, runs, j, post))
         runs.append((j, await probe(j)))
     return _Posterior(n, a, b, runs).mode()[0]

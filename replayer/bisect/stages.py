@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from replayer.bisect.oracle import Candidate, Outcome, TrialRecord
 from replayer.bisect.runner import failure_rows, run_failure
-from replayer.bisect.search import bisect_reduce, shortest_prefix
+from replayer.bisect.search import bisect_reduce
 from replayer.bisect.stats import describe_rate, zero_upper
 from replayer.replay.policy import Timing
 
@@ -92,17 +92,17 @@ async def prefix(b: Bisect) -> None:
     """The shortest crashing prefix in trace order (the crash may come after
     its trigger, so the failure point is only an upper bound)."""
     items = list(b.best.positions)
-
-    async def probe(pre: tuple[int, ...]) -> bool:
-        return await b.test(pre, "prefix")
-
-    if b.oracle.repeats(upto=b.oracle.mark("prefix")) > 1:
-        # flaky: one run per probe, weighed by a posterior, beats r runs per probe
-        h = await b.oracle.flaky_prefix(
-            len(items), lambda j: b.candidate(items[:j]), stage="prefix"
-        )
-    else:
-        h = await shortest_prefix(items, (), probe)
+    # One run per probe either way. Flaky: weighed by a posterior, which beats
+    # r runs per probe. Deterministic so far: a binary search, re-checked where
+    # it would have gone wrong had the crash been flaky at shorter lengths.
+    steady = b.oracle.repeats(upto=b.oracle.mark("prefix")) == 1
+    h = await b.oracle.flaky_prefix(
+        len(items),
+        lambda j: b.candidate(items[:j]),
+        stage="prefix",
+        binary_first=steady,
+        recheck=b.opts.prefix_recheck,
+    )
     b.prefix_length = h
     b.improve(b.candidate(items[:h]), "prefix")
 

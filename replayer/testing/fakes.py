@@ -21,6 +21,10 @@ class FakeRunner:
     culprits: frozenset[int]
     p: float = 1.0
     seed: int = 0
+    triggers: frozenset[int] | None = None
+    """Per-trigger flakiness instead: the crash fires when any of these
+    positions is present and draws below ``p`` (each its own draw; the
+    ``culprits`` are ignored): fewer triggers, a lower crash rate."""
     other: frozenset[int] | None = None
     infra: int = 0
     calls: list[Candidate] = field(default_factory=list)
@@ -35,6 +39,9 @@ class FakeRunner:
         sig = None
         if len(self.calls) <= self.infra:
             outcome = Outcome.INFRA
+        elif self.triggers is not None:
+            if any(t in pos and self.rng.random() < self.p for t in sorted(self.triggers)):
+                outcome, sig = Outcome.MATCH, "chased"
         elif self.culprits <= pos and self.rng.random() < self.p:
             outcome, sig = Outcome.MATCH, "chased"
         elif self.other is not None and self.other <= pos:

@@ -170,7 +170,10 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     assert stages["calibrate"] == OPTS.calibrate_matches  # deterministic: 1 run per probe after
     assert stages["cut"] == 1
     assert b.prefix_length == 16
-    assert stages["prefix"] == probes_of_binary_search(n_cut, 16)
+    # the binary search, then the re-check of the longest quiet prefix (15)
+    assert stages["prefix"] == probes_of_binary_search(n_cut, 16) + OPTS.prefix_recheck
+    rechecks = [r for r in b.oracle.history() if r.stage == "prefix"][-OPTS.prefix_recheck :]
+    assert {r.size for r in rechecks} == {15} and all(r.outcome is Outcome.PASS for r in rechecks)
     # bisect-reduce, one culprit among k: pinned alone, a binary search, pinned + it.
     # Sessions: s1 holds a suspect, so it is tried first: {s3}, {s3 s1 s2}, {s3 s1},
     # the last already known when bisect-reduce asks for pinned + it.
