@@ -255,7 +255,8 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
     """Per-trigger flaky crashes (k triggers, each firing with p), on the fake
     runner: the prefix stage as the pipeline runs it, against the repeat-rule
     binary search it ran before issue 16 whenever calibration looked steady
-    (five triggers at p = 0.5 crash 97% of runs), same seeds for both."""
+    (five triggers at p = 0.5 crash 97% of runs), same seeds for both. A
+    crash's failure point is two requests past the trigger that fired."""
     import random
 
     from replayer.bisect.oracle import Candidate, Oracle, Outcome
@@ -268,7 +269,7 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
     async def one(d: Path, seed: int, n: int, k: int, p: float, now: bool) -> Any:
         rng = random.Random(seed)
         trig = sorted(rng.sample(range(n // 4, n), k))
-        runner = FakeRunner(frozenset(), p=p, seed=seed, triggers=frozenset(trig))
+        runner = FakeRunner(frozenset(), p=p, seed=seed, triggers=frozenset(trig), lag=2)
         o = Oracle(runner, d / f"{now}-{n}-{k}-{p}-{seed}.jsonl")
         full = prefixes(n)
         for _ in range(12):  # the pipeline's calibration: 5 matches or 12 runs
@@ -280,7 +281,9 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
         runner.calls.clear()
         steady = o.repeats(upto=o.mark("prefix")) == 1
         if now:
-            h = await o.flaky_prefix(n, prefixes, binary_first=steady)
+            h = await o.flaky_prefix(
+                n, prefixes, binary_first=steady, length_of=lambda reached: reached
+            )
         elif steady:
 
             async def probe(prefix: tuple[int, ...]) -> bool:

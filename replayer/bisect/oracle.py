@@ -345,6 +345,7 @@ class Oracle:
         stage: str = "prefix",
         binary_first: bool = False,
         recheck: int = 2,
+        length_of: Callable[[int], int] | None = None,
     ) -> int:
         """The shortest crashing prefix by Bayesian bisection (one run per probe,
         :func:`~replayer.bisect.search.bayes_prefix`).
@@ -357,14 +358,18 @@ class Oracle:
         ``recheck`` runs over the binary search); if one does, the crash is
         flaky at the shorter lengths (a prefix with fewer of several triggers
         than the whole trace) and the Bayesian search takes over with every
-        run so far as data. A probe first
-        consumes the candidate's runs journaled after the stage began, oldest
-        first, so a resumed search takes the same path and repeats no run."""
+        run so far as data. ``length_of`` maps a crashing run's failure point
+        (1 + the last position sent before the failure) to a prefix length:
+        nothing sent after it can have caused the crash, so the run counts as
+        a crash of that shorter prefix. A probe first consumes the candidate's
+        runs journaled after the stage began, oldest first, so a resumed search
+        takes the same path and repeats no run."""
         clock = self.mark(stage)
         used: dict[str, int] = {}
         seen: list[tuple[int, bool]] = []
 
-        async def probe(j: int) -> bool:
+        async def run(j: int) -> int | None:
+            """One run of prefix j: the prefix length it shows crashing, or None."""
             cand = make(j)
             key = cand.key()
             known = sorted(
@@ -374,10 +379,17 @@ class Oracle:
                 i = used.get(key, 0)
                 rec = known[i] if i < len(known) else await self.run_once(cand, stage)
                 used[key] = i + 1
-                if rec.outcome is not Outcome.INFRA:
-                    seen.append((j, rec.outcome is Outcome.MATCH))
-                    return rec.outcome is Outcome.MATCH
-            return False  # unresolved: taken as quiet, which only lengthens the search
+                if rec.outcome is Outcome.INFRA:
+                    continue
+                if rec.outcome is not Outcome.MATCH:
+                    seen.append((j, False))
+                    return None
+                at = j
+                if length_of is not None and rec.reached is not None:
+                    at = max(1, min(j, length_of(rec.reached)))
+                seen.append((at, True))
+                return at
+            return None  # unresolved: taken as quiet, which only lengthens the search
 
         full = make(n)
         before = [
@@ -387,22 +399,25 @@ class Oracle:
         ]
         if binary_first:
             lo, hi = 0, n  # prefix hi crashed; lo is taken to be quiet
-            while hi - lo > 1:
+            for _ in range(2 * n.bit_length() + 2):  # each probe halves or better
+                if hi - lo <= 1:
+                    break
                 mid = (lo + hi) // 2
-                if await probe(mid):
-                    hi = mid
-                else:
+                at = await run(mid)
+                if at is None:
                     lo = mid
+                else:
+                    hi = max(at, lo + 1)
             # Re-run the longest prefix found quiet, once dismissed on one run:
             # it holds the trigger whenever the search overshot (every later
             # probe was longer), so a crash flaky at that length shows there,
             # and a deterministic one pays only these runs.
             for _ in range(recheck if lo else 0):
-                if await probe(lo):
+                if await run(lo) is not None:
                     break
             else:
                 return hi
-        return await bayes_prefix(n, probe, [*before, *seen])
+        return await bayes_prefix(n, run, [*before, *seen])
 
     def _decide(self, key: str, value: bool) -> bool:
         self.verdicts[key] = value

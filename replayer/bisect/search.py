@@ -144,7 +144,7 @@ def _expected_entropy(
 
 async def bayes_prefix(
     n: int,
-    probe: Callable[[int], Awaitable[bool]],
+    probe: Callable[[int], Awaitable[int | None]],
     seen: Sequence[tuple[int, bool]] = (),
     *,
     confidence: float = 0.99,
@@ -153,7 +153,9 @@ async def bayes_prefix(
     """The shortest crashing prefix under a flaky crash: Bayesian bisection
     for one-sided noise (MINIMIZE.md §4.1), with the crash rate unknown.
 
-    ``probe(j)`` runs prefix j once (prefix n is known to crash); ``seen``
+    ``probe(j)`` runs prefix j once (prefix n is known to crash) and says
+    the prefix length that run showed crashing (j, or less when the failure
+    came before the rest was sent), or None when it was quiet; ``seen``
     are runs already made, as (length, crashed): the calibration's at n, a
     binary search's. The crash rate under each h is estimated from the runs
     between h and the shortest crash, with longer ones down-weighted
@@ -178,5 +180,6 @@ async def bayes_prefix(
             choices |= {j, max(1, j - 1)}
 
         j = min(sorted(choices), key=lambda j: _expected_entropy(n, a, b, runs, j, post))
-        runs.append((j, await probe(j)))
+        at = await probe(j)
+        runs.append((j, False) if at is None else (min(at, j), True))
     return _Posterior(n, a, b, runs).mode()[0]

@@ -5,6 +5,7 @@ resumable the same way, whoever the runner is."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -102,6 +103,7 @@ async def prefix(b: Bisect) -> None:
         stage="prefix",
         binary_first=steady,
         recheck=b.opts.prefix_recheck,
+        length_of=lambda reached: bisect_left(items, reached),
     )
     b.prefix_length = h
     b.improve(b.candidate(items[:h]), "prefix")

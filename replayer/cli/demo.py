@@ -9,7 +9,9 @@
 3. Bisect: restart the server for every trial and shrink the trace to the
    smallest one that still crashes the same way.
 4. Verify the bundle against a healthy emulator as the control platform,
-   and print where the bundle is and what it says.
+   then relaunch the faulty one under a few server variants (prefix caching
+   off, chunked prefill off): the crash needs a prefix-cache hit, and the
+   table says so. Print where the bundle is and what it says.
 """
 
 from __future__ import annotations
@@ -174,6 +176,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         facts={"launch": faulty},
         say=_say,
     )
+    from replayer.bisect.vary import bisect_hook, make_plan, table, variant_envs
+
+    # five runs: 0/5 is the fewest whose upper bound (45%) clears a 5/5 control's 57%
+    plan = make_plan(["default:no-prefix-caching,no-chunked-prefill"], faulty, runs=5)
+    b.vary = bisect_hook(plan, variant_envs(env, None))
     res = asyncio.run(run_bisect(b))
     if res.status != "complete" or res.bundle is None:
         _say(f"!! bisect ended {res.status}")
@@ -190,6 +197,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"   healthy emulator (control): {describe_rate(*res.control)}; "
             f"p = {pval:.3g} (Fisher exact, one-sided)"
         )
+    if b.variants is not None:
+        _say("   what makes it go away (the faulty emulator relaunched per variant):")
+        for line in table(b.variants):
+            _say(f"     {line}")
     _say(f"   bundle: {res.bundle}  (and {res.bundle}.tar.gz)")
     _say(f"   reproduce anywhere: python3 {res.bundle / 'repro.py'} --url http://HOST:PORT")
     from replayer.analysis.report import write_report

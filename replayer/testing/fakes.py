@@ -24,7 +24,10 @@ class FakeRunner:
     triggers: frozenset[int] | None = None
     """Per-trigger flakiness instead: the crash fires when any of these
     positions is present and draws below ``p`` (each its own draw; the
-    ``culprits`` are ignored): fewer triggers, a lower crash rate."""
+    ``culprits`` are ignored): fewer triggers, a lower crash rate. Its
+    record's ``reached`` (the failure point) is ``lag`` positions past the
+    trigger that fired, as a server that dies a moment after its trigger."""
+    lag: int = 0
     other: frozenset[int] | None = None
     infra: int = 0
     calls: list[Candidate] = field(default_factory=list)
@@ -37,11 +40,15 @@ class FakeRunner:
         pos = set(candidate.positions)
         outcome = Outcome.PASS
         sig = None
+        reached: int | None = None
         if len(self.calls) <= self.infra:
             outcome = Outcome.INFRA
         elif self.triggers is not None:
-            if any(t in pos and self.rng.random() < self.p for t in sorted(self.triggers)):
+            fired = [t for t in sorted(self.triggers) if t in pos and self.rng.random() < self.p]
+            if fired:
                 outcome, sig = Outcome.MATCH, "chased"
+                later = [q for q in sorted(pos) if q > fired[0]][: self.lag]
+                reached = (later[-1] if later else fired[0]) + 1
         elif self.culprits <= pos and self.rng.random() < self.p:
             outcome, sig = Outcome.MATCH, "chased"
         elif self.other is not None and self.other <= pos:
@@ -53,4 +60,5 @@ class FakeRunner:
             stage=stage,
             outcome=outcome,
             signature=sig,
+            reached=reached,
         )

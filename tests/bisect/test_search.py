@@ -157,7 +157,9 @@ async def prefix_stage(oracle, n, *, recheck=2):
     """The pipeline's prefix stage: a binary search re-checked when the crash
     looked steady, the posterior search otherwise."""
     steady = oracle.repeats(upto=oracle.mark("prefix")) == 1
-    return await oracle.flaky_prefix(n, prefixes, binary_first=steady, recheck=recheck)
+    return await oracle.flaky_prefix(
+        n, prefixes, binary_first=steady, recheck=recheck, length_of=lambda reached: reached
+    )
 
 
 async def test_five_flaky_triggers_exact_where_the_steady_binary_search_overshot(tmp_path):
@@ -165,23 +167,25 @@ async def test_five_flaky_triggers_exact_where_the_steady_binary_search_overshot
     runs, so calibration mostly looks steady, and a binary search with one
     quiet run per dismissal overshot (the issue's 3 in 10). The re-check of
     the longest quiet prefix catches the flakiness and the posterior search
-    (rates from the runs near each hypothesis) finds 40."""
+    (rates from the runs near each hypothesis; a crash counts at its failure
+    point, two requests past the trigger that fired) finds 40."""
     n, triggers = 60, frozenset(range(39, 44))
     exact_now = exact_before = 0
-    for seed in range(20):
-        o, r = make_oracle(tmp_path / "now", set(), p=0.5, seed=seed, triggers=triggers)
+    for seed in range(40):
+        o, r = make_oracle(tmp_path / "now", set(), p=0.5, seed=seed, triggers=triggers, lag=2)
         assert await calibrate(o, r, range(n))
         h = await prefix_stage(o, n)
         assert h >= 40  # a crash is never overruled
         exact_now += h == 40
-        o, r = make_oracle(tmp_path / "before", set(), p=0.5, seed=seed, triggers=triggers)
+        o, r = make_oracle(tmp_path / "before", set(), p=0.5, seed=seed, triggers=triggers, lag=2)
         await calibrate(o, r, range(n))
         if o.repeats() == 1:
             h = await shortest_prefix(list(range(n)), (), as_test(o))
         else:
             h = await o.flaky_prefix(n, prefixes)
         exact_before += h == 40
-    assert exact_now >= 19 and exact_before <= 14, (exact_now, exact_before)
+    # measured on these seeds: 38 and 19 of 40 (bench/RESULTS.md has 200 seeds)
+    assert exact_now >= 36 and exact_before <= 20, (exact_now, exact_before)
 
 
 @pytest.mark.parametrize("n", [108, 1000])
