@@ -29,3 +29,25 @@ def atomic_output(path: str | os.PathLike[str], *, force: bool = False) -> Itera
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def parse_json_or_toml(path: Path, text: str) -> object:
+    """``text`` as TOML for a ``.toml`` file, JSON for ``.json``, else JSON
+    then TOML: the one rule for the files users hand over (fault rules,
+    server variants). Raises ValueError naming what it expected."""
+    import json
+    import tomllib
+
+    suffix = path.suffix.lower()
+    kind = {".toml": "TOML", ".json": "JSON"}.get(suffix, "JSON or TOML")
+    try:
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            if suffix == ".json":
+                raise
+            return tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"not {kind} ({exc})") from None

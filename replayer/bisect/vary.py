@@ -42,11 +42,9 @@ mostly rejected) and ``skipped``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
-import tomllib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from replayer._files import parse_json_or_toml
 from replayer.bisect.confirm import confirm_counts
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.stats import rate_dict
@@ -478,10 +477,6 @@ def parse_variant(entry: object, where: str) -> Variant:
     return Variant(name, add, remove, env, unset, means)
 
 
-def _kind(path: Path) -> str:
-    return {".toml": "TOML", ".json": "JSON"}.get(path.suffix.lower(), "JSON or TOML")
-
-
 def load_file(path: Path) -> list[Variant]:
     """Variants from a TOML (``[[variant]]``) or JSON (a list) file, by suffix
     (JSON, then TOML, for others)."""
@@ -490,19 +485,10 @@ def load_file(path: Path) -> list[Variant]:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{where}: {getattr(exc, 'strerror', None) or exc}") from None
-    data: object
     try:
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError:
-                data = tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"{where}: not {_kind(path)} ({exc})") from None
+        data = parse_json_or_toml(path, text)
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}") from None
     if isinstance(data, Mapping):
         data = data.get("variant", data.get("variants"))
     if not isinstance(data, list) or not data:

@@ -88,15 +88,14 @@ and the server's job.
 
 from __future__ import annotations
 
-import json
 import operator
 import random
 import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replayer._files import parse_json_or_toml
 from replayer.errors import UsageError
 
 REQUEST_VARIABLES = (
@@ -463,17 +462,10 @@ def load_file(path: Path, first_index: int = 0) -> list[FaultRule]:
         text = path.read_text()
     except OSError as exc:
         raise _fail(where, exc.strerror or str(exc)) from None
-    data: object
     try:
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError:
-                data = tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise _fail(where, f"not JSON or TOML ({exc})") from None
+        data = parse_json_or_toml(path, text)
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
     if isinstance(data, Mapping):
         data = data.get("faults", data.get("fault", []))
     if not isinstance(data, list):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from replayer.bisect.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
 from replayer.bisect.search import bisect_reduce, shortest_prefix
 from replayer.testing.fakes import FakeRunner
+from tests.bisect.test_runner import probes_of_binary_search
 
 
 def make_oracle(tmp_path, culprits, p=1.0, seed=0, **kw):
@@ -194,17 +195,8 @@ async def test_a_deterministic_crash_pays_the_recheck_and_nothing_more(tmp_path,
     o, r = make_oracle(tmp_path, {culprit})
     assert await calibrate(o, r, range(n))
     assert await prefix_stage(o, n) == culprit + 1
-    assert len(r.calls) == probes_of(n, culprit + 1) + 2
+    assert len(r.calls) == probes_of_binary_search(n, culprit + 1) + 2
     assert {c.positions[-1] + 1 for c in r.calls[-2:]} == {culprit}  # the longest quiet prefix
-
-
-def probes_of(n, h_star):
-    lo, hi, probes = 0, n, 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        probes += 1
-        lo, hi = (lo, mid) if mid >= h_star else (mid, hi)
-    return probes
 
 
 async def test_shrinking_lowers_the_rate_dismissals_use(tmp_path):

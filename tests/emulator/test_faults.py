@@ -110,8 +110,12 @@ def test_json_and_toml_files_match_the_spec_form(tmp_path):
 def test_bad_files_and_duplicate_names(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json or toml")
+    with pytest.raises(FaultSpecError, match=r"bad\.json: not JSON \("):
+        load_file(bad)  # a .json file is read as JSON only
+    other = tmp_path / "bad.rules"
+    other.write_text("{not json or toml")
     with pytest.raises(FaultSpecError, match="not JSON or TOML"):
-        load_file(bad)
+        load_file(other)
     with pytest.raises(FaultSpecError, match="missing 'effect'"):
         (tmp_path / "e.json").write_text('[{"when": "request=1"}]')
         load_file(tmp_path / "e.json")
