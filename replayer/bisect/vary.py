@@ -57,6 +57,7 @@ from replayer.bisect.confirm import confirm_counts
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.stats import rate_dict
 from replayer.bisect.trial import Chase, TrialEnv
+from replayer.emulator.faults import ENV_DEFAULTS
 from replayer.errors import UsageError
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.target.factory import make_target
@@ -73,17 +74,9 @@ VLLM_DEFAULT_BATCHED_TOKENS = 8192
 """vLLM's ``--max-num-batched-tokens`` for ``vllm serve`` on a GPU of 70 GiB
 or more (H100, MI300X and up; ``vllm/engine/arg_utils.py``): the base of the
 halved and doubled variants when the launch sets none."""
-VLLM_ENV_DEFAULTS: dict[str, str] = {
-    "VLLM_ROCM_USE_AITER": "0",
-    "VLLM_ROCM_USE_AITER_PAGED_ATTN": "0",
-    "VLLM_ROCM_USE_AITER_LINEAR": "1",
-    "VLLM_ROCM_USE_AITER_MOE": "1",
-    "VLLM_ROCM_USE_AITER_RMSNORM": "1",
-    "VLLM_ROCM_USE_AITER_MLA": "1",
-    "VLLM_ROCM_USE_AITER_MHA": "1",
-}
-"""What vLLM takes for these when unset (``vllm/envs.py``); the emulator's
-fault conditions read unset variables the same way."""
+VLLM_ENV_DEFAULTS = ENV_DEFAULTS
+"""What vLLM takes for these when unset (``vllm/envs.py``): the emulator's
+fault conditions read unset variables the same way, from the same table."""
 ROCM_ENV_PREFIXES = ("VLLM_ROCM_", "ROCM_", "HIP_", "HSA_", "AITER")
 ROCM_DEVICE = Path("/dev/kfd")
 SWITCHES = frozenset({"--enforce-eager", "--trust-remote-code", "--async-scheduling"})
