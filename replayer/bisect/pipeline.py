@@ -36,6 +36,7 @@ the main target and the control alike. The passes are in
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import sys
 import time
@@ -291,8 +292,14 @@ class Bisect:
             f"trial {rec.trial:>3} [{rec.stage}] {rec.size:,} requests -> {what} in "
             f"{rec.duration_s:.1f}s | best {len(self.best.positions):,} requests | crash rate "
             f"{k}/{n}, dismiss after {self.oracle.repeats()} quiet | "
-            f"~{self._projection()} trials left | {elapsed:,.0f}s"
+            f"~{self._projection()} trials left{self._eta(self._projection())} | {elapsed:,.0f}s"
         )
+
+    def _eta(self, left: int) -> str:
+        """`` (~12 min)``: ``left`` trials at the measured cost of a trial
+        after a crash (it restarts the server: a model load) and after a
+        pass, mixed by the crash rate; empty before two trials are in."""
+        return f" (~{_duration(est)})" if (est := expected_seconds(self.oracle, left)) else ""
 
     def _projection(self) -> int:
         """A rough count of trials left (binary searches over what remains)."""
@@ -426,3 +433,33 @@ async def run_bisect(b: Bisect) -> BisectResult:
         return await b.run()
     finally:
         await b.aclose()
+
+
+def expected_seconds(oracle: Oracle, left: int) -> float | None:
+    """Wall time of ``left`` more trials, from the journal: a trial that
+    follows a failure restarts the server first, so the two kinds are timed
+    apart and mixed by the pooled crash rate (the chance the next trial
+    follows a failure). None with fewer than two timed trials."""
+    hist = [r for r in oracle.history() if r.duration_s > 0]
+    if len(hist) < 2 or left <= 0:
+        return None
+    failed = (Outcome.MATCH, Outcome.OTHER_FAILURE)
+    pairs = list(itertools.pairwise(hist))
+    after_fail = [b.duration_s for a, b in pairs if a.outcome in failed]
+    after_pass = [b.duration_s for a, b in pairs if a.outcome not in failed]
+    every = [r.duration_s for r in hist]
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs or every) / len(xs or every)
+
+    k, n = oracle.crash_rate()
+    f = k / n if n else 0.5
+    return left * (f * mean(after_fail) + (1 - f) * mean(after_pass))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

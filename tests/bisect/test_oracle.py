@@ -109,3 +109,22 @@ def test_candidate_identity():
     assert a.key() != Candidate((1, 2, 3), timing="asap").key()
     assert a.covers(Candidate((1, 3))) and not Candidate((1, 3)).covers(a)
     assert not Candidate((1, 2, 3), speed=2.0).covers(Candidate((1, 3)))
+
+
+def test_expected_wall_time_weighs_restarts_by_the_crash_rate(tmp_path):
+    """A trial after a crash restarts the server (the model load): 70 s and
+    60 s here; after a pass 5 s and 7 s. Three crashes in five runs: the next
+    trial follows a crash with 0.6, so 10 more cost 10 * (0.6 * 65 + 0.4 * 6)."""
+    from replayer.bisect.oracle import TrialRecord
+    from replayer.bisect.pipeline import _duration, expected_seconds
+
+    o = Oracle(FakeRunner(frozenset()), tmp_path / "j.jsonl")
+    cand = Candidate((0, 1, 2))
+    assert expected_seconds(o, 10) is None  # nothing measured yet
+    runs = [(True, 10.0), (True, 70.0), (False, 60.0), (False, 5.0), (True, 7.0)]
+    for i, (crashed, secs) in enumerate(runs, 1):
+        outcome = Outcome.MATCH if crashed else Outcome.PASS
+        o._account(cand, TrialRecord(i, cand.key(), 3, "s", outcome, duration_s=secs))
+    assert o.crash_rate() == (3, 5)
+    assert expected_seconds(o, 10) == pytest.approx(414.0)
+    assert (_duration(414.0), _duration(40), _duration(3 * 3600)) == ("7 min", "40 s", "3.0 h")
