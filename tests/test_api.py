@@ -60,7 +60,8 @@ def test_the_readme_example_replays_and_bisects(tmp_path, monkeypatch, capsys):
     bundle = Path(out[2].removeprefix("bundle: "))
     assert (bundle / "repro.py").exists() and (bundle / "trace.arrow").exists()
     # the in-process oracle: the first long turn in trace order, and its warm-up
-    assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 27 trials"
+    # (27 trials before issue 16: the prefix stage's two re-check runs since)
+    assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 29 trials"
 
 
 async def test_replay_returns_typed_results_per_endpoint(tmp_path):
