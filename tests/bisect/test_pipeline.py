@@ -96,8 +96,11 @@ async def test_exact_prefix_for_the_nth_request(tmp_path):
     assert res.status == "complete"
     assert m["prefix_length"] == 17
     assert len(res.best.positions) == 17
-    # binary search: at most ceil(log2 n) probes over the cut trace (<= 30 requests)
-    assert len(stage_trials(b, "prefix")) <= math.ceil(math.log2(30))
+    # binary search: at most ceil(log2 n) probes over the cut trace (<= 30
+    # requests), then the re-check of the longest quiet prefix (16)
+    prefix = stage_trials(b, "prefix")
+    assert len(prefix) <= math.ceil(math.log2(30)) + opts.prefix_recheck
+    assert [r.size for r in prefix[-opts.prefix_recheck :]] == [16] * opts.prefix_recheck
     assert m["requests"] == [t.column("request_id")[r] for r in t.order[:17]]
 
 
