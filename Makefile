@@ -57,7 +57,7 @@ vllm-env: | $(BIN)/python
 test: $(VENV)/.installed-test browser vllm-env
 	$(BIN)/ruff check replayer tests bench
 	$(BIN)/ruff format --check replayer tests bench
-	$(BIN)/mypy replayer
+	$(BIN)/mypy replayer bench
 	$(BIN)/python tests/check_layers.py
 	@set +e; $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
@@ -65,7 +65,7 @@ test: $(VENV)/.installed-test browser vllm-env
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check replayer tests bench
 	$(BIN)/ruff format --check replayer tests bench
-	$(BIN)/mypy replayer
+	$(BIN)/mypy replayer bench
 	$(BIN)/python tests/check_layers.py
 
 bench: $(VENV)/.installed-test

@@ -203,12 +203,25 @@ def flaky(tmp: Path, runs: int, fault: str = ONE_TRIGGER) -> dict[str, Any]:
     }
 
 
+async def _calibrated(o: Any, runner: Any, full: Any) -> bool:
+    """The pipeline's calibration (5 matches or 12 runs of the full trace);
+    the runner's call count then starts at the search."""
+    from replayer.bisect.oracle import Outcome
+
+    for _ in range(12):
+        if o.counts(full)[Outcome.MATCH] >= 5:
+            break
+        await o.run_once(full, "calibrate")
+    runner.calls.clear()
+    return bool(o.matched)
+
+
 def simulated(seeds: int, n: int = 1000) -> dict[str, Any]:
     """Bayesian bisection against binary search with the repeat rule, on the
     fake runner (one culprit, crash probability p), same seeds for both."""
     import random
 
-    from replayer.bisect.oracle import Candidate, Oracle, Outcome
+    from replayer.bisect.oracle import Candidate, Oracle
     from replayer.bisect.search import shortest_prefix
     from replayer.testing.fakes import FakeRunner
 
@@ -219,14 +232,8 @@ def simulated(seeds: int, n: int = 1000) -> dict[str, Any]:
         culprit = random.Random(seed).randrange(n)
         runner = FakeRunner(frozenset({culprit}), p=p, seed=seed)
         o = Oracle(runner, d / f"{bayes}-{p}-{seed}.jsonl")
-        full = prefixes(n)
-        for _ in range(12):  # the pipeline's calibration: 5 matches or 12 runs
-            if o.counts(full)[Outcome.MATCH] >= 5:
-                break
-            await o.run_once(full, "calibrate")
-        if not o.matched:
+        if not await _calibrated(o, runner, prefixes(n)):
             return None
-        runner.calls.clear()
         if bayes:
             h = await o.flaky_prefix(n, prefixes)
         else:
@@ -259,7 +266,7 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
     crash's failure point is two requests past the trigger that fired."""
     import random
 
-    from replayer.bisect.oracle import Candidate, Oracle, Outcome
+    from replayer.bisect.oracle import Candidate, Oracle
     from replayer.bisect.search import shortest_prefix
     from replayer.testing.fakes import FakeRunner
 
@@ -271,14 +278,8 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
         trig = sorted(rng.sample(range(n // 4, n), k))
         runner = FakeRunner(frozenset(), p=p, seed=seed, triggers=frozenset(trig), lag=2)
         o = Oracle(runner, d / f"{now}-{n}-{k}-{p}-{seed}.jsonl")
-        full = prefixes(n)
-        for _ in range(12):  # the pipeline's calibration: 5 matches or 12 runs
-            if o.counts(full)[Outcome.MATCH] >= 5:
-                break
-            await o.run_once(full, "calibrate")
-        if not o.matched:
+        if not await _calibrated(o, runner, prefixes(n)):
             return None
-        runner.calls.clear()
         steady = o.repeats(upto=o.mark("prefix")) == 1
         if now:
             h = await o.flaky_prefix(

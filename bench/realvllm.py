@@ -53,7 +53,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     models = build_models(env, work / "models")
 
-    starts = {}
+    starts: dict[str, Any] = {}
     for label, extra in (
         ("default", ()),
         ("default again", ()),
@@ -153,7 +153,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     manifest = json.loads((out / "bundle" / "manifest.json").read_text())
     # a trial restarts the server when the one before it crashed; the first
     # trial's server was started before the bisect's clock (cli/bisect.py)
-    restarted, reset = [], []
+    restarted: list[float] = []
+    reset: list[float] = []
     for prev, t in zip(trials, trials[1:], strict=False):
         crashed = prev["outcome"] in ("MATCH", "OTHER_FAILURE")
         (restarted if crashed else reset).append(t["duration_s"])
