@@ -7,6 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from replayer.errors import UsageError
 
@@ -51,3 +52,26 @@ def parse_json_or_toml(path: Path, text: str) -> object:
             return tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"not {kind} ({exc})") from None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of an append-only JSONL journal (control runs, variant
+    runs); [] when it does not exist. A torn last line (a killed writer) is
+    cut off the file, so the next append starts a line of its own."""
+    import orjson
+
+    if not path.exists():
+        return []
+    out: list[dict[str, Any]] = []
+    at = 0
+    data = path.read_bytes()
+    for line in data.splitlines(keepends=True):
+        if line.strip():
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                with path.open("r+b") as f:
+                    f.truncate(at)
+                break
+        at += len(line)
+    return out

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from replayer._files import read_jsonl
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.runner import observed
 
@@ -35,9 +36,7 @@ async def control_runs(b: Bisect, n: int) -> None:
     They are outside the oracle: the control's crashes must not steer the search."""
     assert b.control is not None and b.control_runner is not None
     done_path = b.out / "control.jsonl"
-    done = []
-    if done_path.exists():
-        done = [orjson.loads(x) for x in done_path.read_bytes().splitlines() if x.strip()]
+    done = read_jsonl(done_path)
     for i in range(len(done), n):
         trial = b.trial(b.best, i + 1, "control", b.out / f"control/{i + 1:03d}", replace(b.chase))
         obs = observed(await b.control_runner.run(trial))
@@ -53,6 +52,6 @@ def control_counts(b: Bisect) -> tuple[int, int] | None:
     path = b.out / "control.jsonl"
     if b.control is None or not path.exists():
         return None
-    rows = [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+    rows = read_jsonl(path)
     ok = [r for r in rows if r["outcome"] != "INFRA"]
     return sum(r["outcome"] in ("MATCH", "OTHER_FAILURE") for r in ok), len(ok)

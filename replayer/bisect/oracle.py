@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from replayer.bisect.search import bayes_prefix
+from replayer.bisect.search import bayes_prefix, binary_prefix
 from replayer.bisect.stats import repeats_for, wilson
 
 
@@ -398,16 +398,7 @@ class Oracle:
             if r.trial <= clock and r.outcome is not Outcome.INFRA
         ]
         if binary_first:
-            lo, hi = 0, n  # prefix hi crashed; lo is taken to be quiet
-            for _ in range(2 * n.bit_length() + 2):  # each probe halves or better
-                if hi - lo <= 1:
-                    break
-                mid = (lo + hi) // 2
-                at = await run(mid)
-                if at is None:
-                    lo = mid
-                else:
-                    hi = max(at, lo + 1)
+            lo, hi = await binary_prefix(n, run)
             # Re-run the longest prefix found quiet, once dismissed on one run:
             # it holds the trigger whenever the search overshot (every later
             # probe was longer), so a crash flaky at that length shows there,

@@ -288,11 +288,12 @@ class Bisect:
         if rec.failure_class:
             what += f" ({rec.failure_class}" + (f" {rec.signature}" if rec.signature else "") + ")"
         elapsed = time.monotonic() - self.started
+        left = self._projection()
         self.say(
             f"trial {rec.trial:>3} [{rec.stage}] {rec.size:,} requests -> {what} in "
             f"{rec.duration_s:.1f}s | best {len(self.best.positions):,} requests | crash rate "
             f"{k}/{n}, dismiss after {self.oracle.repeats()} quiet | "
-            f"~{self._projection()} trials left{self._eta(self._projection())} | {elapsed:,.0f}s"
+            f"~{left} trials left{self._eta(left)} | {elapsed:,.0f}s"
         )
 
     def _eta(self, left: int) -> str:

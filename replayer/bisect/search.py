@@ -39,6 +39,24 @@ async def shortest_prefix(items: Sequence[T], pinned: tuple[T, ...], test: Test[
     return hi
 
 
+async def binary_prefix(n: int, run: Callable[[int], Awaitable[int | None]]) -> tuple[int, int]:
+    """:func:`shortest_prefix` for a search of one run per probe that learns
+    from a crash where it struck: ``run(j)`` says the prefix length the run
+    showed crashing (at most j), or None when it was quiet. Returns (lo, hi):
+    prefix hi crashed, lo is the longest seen quiet (0: none)."""
+    lo, hi = 0, n
+    for _ in range(2 * n.bit_length() + 2):  # each probe halves or better
+        if hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        at = await run(mid)
+        if at is None:
+            lo = mid
+        else:
+            hi = max(at, lo + 1)
+    return lo, hi
+
+
 async def bisect_reduce(items: Sequence[T], pinned: tuple[T, ...], test: Test[T]) -> tuple[T, ...]:
     """A small subset S of ``items`` with ``test(pinned + S)``, in the order
     of ``items``; ``test(pinned + items)`` is known to hold.
@@ -81,10 +99,7 @@ class _Posterior:
     enters through which runs it is at most, so the weights are constant
     between probed lengths: the posterior is a list of segments."""
 
-    def __init__(
-        self, n: int, a: float, b: float, runs: list[tuple[int, bool]], far: float | None = None
-    ) -> None:
-        far = FAR if far is None else far
+    def __init__(self, n: int, a: float, b: float, runs: list[tuple[int, bool]]) -> None:
         top = min((j for j, crashed in runs if crashed), default=n)
         cuts = sorted({j for j, _ in runs if j < top} | {top})
         self.segments: list[tuple[int, int, float]] = []  # (lo, hi]: log weight of each h
@@ -95,7 +110,7 @@ class _Posterior:
             c = q = 0.0
             for j, crashed in runs:
                 if j >= hi:
-                    w = 1.0 if j <= top else far
+                    w = 1.0 if j <= top else FAR
                     c, q = (c + w, q) if crashed else (c, q + w)
             self.segments.append((lo, hi, _lbeta(a + c, b + q)))
             self.rates.append((a + c) / (a + b + c + q))

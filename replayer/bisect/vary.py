@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from replayer._files import parse_json_or_toml
+from replayer._files import parse_json_or_toml, read_jsonl
 from replayer.bisect.confirm import confirm_counts
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.stats import rate_dict
@@ -564,18 +564,6 @@ def _mkdir(d: Path) -> Path:
     return d
 
 
-def _journal(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_bytes().splitlines():
-        try:
-            out.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            break  # a torn last line of a killed run
-    return out
-
-
 INFRA_LIMIT = 2
 """Launches in a row that may fail before a variant counts as "did not start"."""
 
@@ -596,7 +584,7 @@ async def _run_one(
     shown = redact_command(cmd)
     jpath = out / "variants.jsonl"
     done = [
-        e for e in _journal(jpath) if (e["key"], e["variant"], e["launch"]) == (key, name, shown)
+        e for e in read_jsonl(jpath) if (e["key"], e["variant"], e["launch"]) == (key, name, shown)
     ][:runs]
     d = _mkdir(out / name)
     error = None
