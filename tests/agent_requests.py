@@ -10,6 +10,8 @@ cache blocks of 16, the conformance one keeps vLLM's measured token counts).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from replayer.wire.apis import accumulator, api_for_path
@@ -89,3 +91,26 @@ def decode(path: str, raw: bytes) -> Reply:
     for i, ev in enumerate(SSEDecoder().feed(raw)):
         acc.event(ev, float(i))
     return reply
+
+
+def mixed_trace(out: Path, parts: Sequence[tuple[str, Path]], sep: str = "/") -> Path:
+    """One trace of several (API name, trace) parts, in part order, each
+    request and session id prefixed with its part's name (``chat/s1``), so a
+    test can tell which API a failed or in-flight request came from."""
+    import dataclasses
+
+    from replayer.trace import Trace, TraceMeta, TraceWriter
+
+    with TraceWriter(out, TraceMeta(source="test")) as w:
+        for name, path in parts:
+            t = Trace.open(path)
+            for r in t.order:
+                rec = t.record(r)
+                w.add(
+                    dataclasses.replace(
+                        rec,
+                        request_id=f"{name}{sep}{rec.request_id}",
+                        session_id=f"{name}{sep}{rec.session_id}",
+                    )
+                )
+    return out

@@ -6,7 +6,6 @@ and Messages get an error event)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -16,7 +15,8 @@ import pytest
 
 from replayer.analysis.compare import compare_runs
 from replayer.analysis.report import render_report
-from replayer.trace import Trace, TraceMeta, TraceWriter
+from replayer.trace import Trace
+from tests.agent_requests import mixed_trace
 
 pytestmark = pytest.mark.e2e
 
@@ -75,14 +75,8 @@ def test_a_mixed_trace_reports_each_api_apart(emulator_factory, tmp_path):
     for api in ("chat", "messages", "responses"):
         p = tmp_path / f"{api}.arrow"
         assert run("synth", "-o", p, "--api", api, *SYNTH).returncode == 0
-        parts.append((api, Trace.open(p)))
-    mixed = tmp_path / "mixed.arrow"
-    with TraceWriter(mixed, TraceMeta(source="test")) as w:
-        for api, t in parts:
-            for r in t.order:
-                rec = t.record(r)
-                w.add(dataclasses.replace(rec, request_id=f"{api}/{rec.request_id}",
-                                          session_id=f"{api}/{rec.session_id}"))  # fmt: skip
+        parts.append((api, p))
+    mixed = mixed_trace(tmp_path / "mixed.arrow", parts)
     emu = emulator_factory(["--speed", "instant", "--served-model-name", MODEL])
     res = run("replay", mixed, "--target", emu.url, "--timing", "asap", "--out", tmp_path / "r")
     assert res.returncode == 0, res.stderr

@@ -9,7 +9,6 @@ none is left when replayer is done.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import subprocess
@@ -21,9 +20,11 @@ from pathlib import Path
 import orjson
 
 from replayer.testing.vllm import free_port, serve_command
-from replayer.trace import Trace, TraceMeta, TraceWriter
+from tests.agent_requests import mixed_trace
 
 from .conftest import cli, summary, synth
+
+APIS = ("chat", "messages", "responses")
 
 
 def marked(mark: str) -> list[int]:
@@ -173,14 +174,11 @@ def test_kill_9_mid_stream_on_every_api_is_process_exit_with_requests_named(
     exit status."""
     common = ["--sessions", "2", "--turns", "2", "--context", "1500", "--system-tokens",
               "300", "--max-tokens", "512", "--rate", "0", "--think", "0"]  # fmt: skip
-    mixed = tmp_path / "mixed.arrow"
-    with TraceWriter(mixed, TraceMeta(source="test")) as w:
-        for api in ("chat", "messages", "responses"):
-            t = Trace.open(synth(tmp_path / f"{api}.arrow", "--api", api, *common))
-            for r in t.order:
-                rec = t.record(r)
-                w.add(dataclasses.replace(rec, request_id=f"{api}-{rec.request_id}",
-                                          session_id=f"{api}-{rec.session_id}"))  # fmt: skip
+    mixed = mixed_trace(
+        tmp_path / "mixed.arrow",
+        [(api, synth(tmp_path / f"{api}.arrow", "--api", api, *common)) for api in APIS],
+        sep="-",
+    )
     mark = uuid.uuid4().hex
     port = free_port()
     log = tmp_path / "admission.jsonl"
