@@ -315,13 +315,91 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
     return out
 
 
+def simulated_shrink(seeds: int) -> dict[str, Any]:
+    """The shrink stage in-process (issue 16): a token-id prompt of 111
+    16-token blocks crashes when it keeps >= N tokens *and* shares >= C with
+    the request before it (80 blocks, 50 shared), N and C drawn per seed, with
+    probability p per run. Exact means the bundle holds ceil(N/16) and
+    ceil(C/16) blocks: the thresholds to one block. The limit beside it is
+    what two plain binary searches and max_tokens cost a steady crash."""
+    import random
+
+    from replayer.bisect.oracle import Outcome
+    from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
+    from replayer.bisect.runner import FunctionRunner, Observation, Trial
+    from replayer.replay.plan import select
+    from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+    from replayer.trace.schema import Kind
+
+    bs = 16
+
+    def trace(d: Path) -> Trace:
+        p = d / "pair.arrow"
+        with TraceWriter(p, TraceMeta(source="bench")) as w:
+            for i, (rid, blocks) in enumerate(
+                (("a", list(range(1, 81))), ("b", [*range(1, 51), *range(200, 261)]))
+            ):
+                w.add(
+                    RequestRecord(
+                        request_id=rid, session_id=rid, turn=0, start_us=i * 10_000,
+                        kind=Kind.BLOCKS, params={"model": "m", "max_tokens": 8},
+                        content=blocks, block_size=bs, input_tokens=len(blocks) * bs,
+                    )
+                )  # fmt: skip
+        return Trace.open(p)
+
+    def common(x: list[int], y: list[int]) -> int:
+        n = 0
+        while n < min(len(x), len(y)) and x[n] == y[n]:
+            n += 1
+        return n
+
+    async def one(d: Path, t: Trace, seed: int, p: float) -> tuple[bool, int, int] | None:
+        rng = random.Random(seed)
+        need, hit = rng.randrange(900, 1700), rng.randrange(100, 790)
+        draws = random.Random(seed + 1)
+
+        def oracle(trial: Trial) -> Observation:
+            a, b = (x["prompt"] for x in trial.bodies())
+            if len(b) >= need and common(a, b) >= hit and draws.random() < p:
+                return Observation(Outcome.MATCH, signature="planted")
+            return Observation(Outcome.PASS)
+
+        out = d / f"{p}-{seed}"
+        opts = BisectOptions(stages=("calibrate", "shrink"), confirm=0, bundle=False)
+        b = Bisect(t, select(t), FunctionRunner(oracle), out, opts, say=lambda m: None)
+        res = await run_bisect(b)
+        if res.status != "complete" or b.shrunk is None:
+            return None
+        ctx = b.shrunk.get("context", {}).get("crashes_at", {}).get("units")
+        src = [x for x in b.shrunk.get("providers", ()) if x["request"] == "a"]
+        got = (ctx, src[0]["crashes_at"]["units"] if src else None)
+        shrink = sum(r.stage == "shrink" for r in b.oracle.history())
+        return got == (math.ceil(need / bs), math.ceil(hit / bs)), shrink, res.trials
+
+    out: dict[str, Any] = {}
+    limit = 1 + (math.ceil(math.log2(111)) + 1) + (math.ceil(math.log2(80)) + 1)
+    with tempfile.TemporaryDirectory() as d:
+        t = trace(Path(d))
+        for p in (1.0, 0.5):
+            got = [r for s in range(seeds) if (r := asyncio.run(one(Path(d), t, s, p)))]
+            out[f"p={p}"] = {
+                "searches": len(got),
+                "exact": sum(e for e, _, _ in got),
+                "shrink_trials_mean": round(statistics.mean(x for _, x, _ in got), 1),
+                "shrink_trials_max": max(x for _, x, _ in got),
+                "limit_steady": limit,
+            }
+    return out
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="bench bisect")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
         "--cases",
-        default="deterministic,flaky1,flaky5,simulated,triggers",
-        help="comma-separated: deterministic, flaky1, flaky5, simulated, triggers",
+        default="deterministic,flaky1,flaky5,simulated,triggers,shrink",
+        help="comma-separated: deterministic, flaky1, flaky5, simulated, triggers, shrink",
     )
     opts = ap.parse_args(argv)
     cases = set(opts.cases.split(","))
@@ -370,5 +448,15 @@ def main(argv: list[str]) -> dict[str, Any]:
             print(
                 f"| {name} | {r['searches']} | {r['exact']} | {r['trials_mean']} | "
                 f"{r['trials_max']} |"
+            )
+    if "shrink" in cases:
+        sh = out["shrink"] = simulated_shrink(100)
+        print("\n| shrink stage, fake runner, N and C per seed, 100 seeds | searches | exact "
+              "thresholds | shrink trials mean | max | steady limit |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
+        for name, r in sh.items():
+            print(
+                f"| {name} | {r['searches']} | {r['exact']} | {r['shrink_trials_mean']} | "
+                f"{r['shrink_trials_max']} | {r['limit_steady']} |"
             )
     return out

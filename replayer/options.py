@@ -297,6 +297,14 @@ SEARCH = Group(
             "(default 2)",
             "N",
         ),
+        Opt(
+            "shrink_steps",
+            int,
+            256,
+            "the shrink stage cuts a text in at most N steps: each halving of N saves a "
+            "trial per text and doubles the threshold's uncertainty (default 256)",
+            "N",
+        ),
         Opt("alpha", float, 0.05, "risk of dismissing a crashing candidate (default 0.05)", "P"),
         Opt("confirm", int, 10, "runs of the final repro to measure its rate (default 10)", "N"),
         Opt("max_trials", int, None, "stop after N trials (the best bundle so far is kept)", "N"),
@@ -482,6 +490,7 @@ def bisect_options(values: Mapping[str, Any]) -> BisectOptions:
         calibrate_matches=v["calibrate_matches"],
         calibrate_runs=v["calibrate_runs"],
         prefix_recheck=v["prefix_recheck"],
+        shrink_steps=v["shrink_steps"],
         confirm=v["confirm"],
         alpha=v["alpha"],
         max_trials=v["max_trials"],

@@ -60,8 +60,14 @@ def test_the_readme_example_replays_and_bisects(tmp_path, monkeypatch, capsys):
     bundle = Path(out[2].removeprefix("bundle: "))
     assert (bundle / "repro.py").exists() and (bundle / "trace.arrow").exists()
     # the in-process oracle: the first long turn in trace order, and its warm-up
-    # (27 trials before issue 16: the prefix stage's two re-check runs since)
-    assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 29 trials"
+    # (27 trials before issue 16: the prefix stage's two re-check runs since,
+    # and 15 of the shrink stage)
+    assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 44 trials"
+    # the oracle's threshold is 100,000 bytes of JSON: in the trace's token estimate
+    assert out[4] == (
+        "crashes at >= ~23,527 prompt tokens, not at ~23,496 prompt tokens; "
+        "max_tokens 1 crashes (recorded 64)"
+    )
 
 
 async def test_replay_returns_typed_results_per_endpoint(tmp_path):

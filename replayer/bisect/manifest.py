@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from replayer.bisect.confirm import confirm_counts, control_counts
 from replayer.bisect.oracle import Outcome
+from replayer.bisect.shrink import Edit, threshold_line
 from replayer.bisect.stats import fisher_one_sided, rate_dict
 from replayer.bundle.export import write_bundle
 from replayer.replay.run import sha256_file
@@ -40,7 +41,15 @@ def manifest(b: Bisect, status: str) -> dict[str, Any]:
         }
     if b.variants is not None:
         m["variants"] = b.variants  # what makes it go away (--vary)
+    if b.shrunk is not None:
+        m["shrink"] = shrink_dict(b)
     return m
+
+
+def shrink_dict(b: Bisect) -> dict[str, Any] | None:
+    if b.shrunk is None:
+        return None
+    return {**b.shrunk, "text": threshold_line(b.shrunk), "edit": b.best.edit}
 
 
 def signature_dict(b: Bisect) -> dict[str, Any] | None:
@@ -87,6 +96,7 @@ def write(b: Bisect, status: str) -> Path | None:
         trace=b.trace,
         trace_sha256=b.trace_sha,
         rows=[b.rows[p] for p in b.best.positions],
+        edit=Edit.parse(b.best.edit).apply if b.best.edit else None,
         manifest=manifest(b, status),
         server_log=log_text,
         metrics_snapshot=metrics,

@@ -49,17 +49,21 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True)
 class Candidate:
-    """Positions in the source trace's order, plus the timing to replay them with."""
+    """Positions in the source trace's order, plus the timing to replay them
+    with and what the shrink stage changed inside them."""
 
     positions: tuple[int, ...]
     timing: str = "recorded"
     speed: float = 1.0
+    edit: str = ""
+    """Canonical JSON of a :class:`replayer.bisect.shrink.Edit` (empty: the
+    recorded bodies). Kept as text so the journal and the key stay plain."""
 
     def key(self) -> str:
-        canon = orjson.dumps(
-            {"p": list(self.positions), "timing": self.timing, "speed": self.speed}
-        )
-        return hashlib.sha256(canon).hexdigest()[:24]
+        d: dict[str, Any] = {"p": list(self.positions), "timing": self.timing, "speed": self.speed}
+        if self.edit:  # keys of unedited candidates stay what older journals hold
+            d["edit"] = self.edit
+        return hashlib.sha256(orjson.dumps(d)).hexdigest()[:24]
 
     @cached_property
     def members(self) -> frozenset[int]:
@@ -68,7 +72,7 @@ class Candidate:
     def covers(self, other: Candidate) -> bool:
         """Same policy and a superset of ``other`` (so it holds its culprits)."""
         return (
-            (self.timing, self.speed) == (other.timing, other.speed)
+            (self.timing, self.speed, self.edit) == (other.timing, other.speed, other.edit)
             and len(other.positions) <= len(self.positions)
             and other.members <= self.members
         )
@@ -187,7 +191,7 @@ class Oracle:
                 break
             at += len(line)
             if e.get("event") == "trial":
-                cand = Candidate(tuple(e["positions"]), e["timing"], e["speed"])
+                cand = Candidate(tuple(e["positions"]), e["timing"], e["speed"], e.get("edit", ""))
                 rec = TrialRecord(
                     **{k: v for k, v in e["record"].items() if k != "outcome"},
                     outcome=Outcome(e["record"]["outcome"]),
@@ -295,6 +299,7 @@ class Oracle:
                 "positions": list(cand.positions),
                 "timing": cand.timing,
                 "speed": cand.speed,
+                **({"edit": cand.edit} if cand.edit else {}),
                 "record": rec.to_json(),
             },
             {"event": "time", "spent_s": self.budget.spent_s},

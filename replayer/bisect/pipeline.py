@@ -15,7 +15,11 @@ Stages (each optional), every one a pass over the best candidate so far:
    vLLM's scheduler dump, then those in flight at the crash, then by recency).
 5. **turns**: the fewest requests of those sessions, the last one pinned,
    newest first.
-6. **timing**: faster replay (x2, x4 ... of the speed, then ``asap``), kept
+6. **shrink**: the same crash with less inside the requests: ``max_tokens``,
+   the crashing request's context (trailing blocks or characters, oldest
+   conversation turns) and the prefix-cache hit it needs, each down to its
+   threshold (:mod:`~replayer.bisect.shrink`).
+7. **timing**: faster replay (x2, x4 ... of the speed, then ``asap``), kept
    only while the crash survives: every later run of the bundle is cheaper.
 
 Then **confirm**: N runs of the result (k/N with a Wilson interval), and the
@@ -49,6 +53,7 @@ import orjson
 
 from replayer.bisect import confirm as _confirm
 from replayer.bisect import manifest as _manifest
+from replayer.bisect import shrink as _shrink
 from replayer.bisect import stages as _stages
 from replayer.bisect.oracle import (
     Budget,
@@ -91,6 +96,9 @@ class BisectOptions:
     of the longest prefix it found quiet: each costs a deterministic crash
     one trial and catches a crash that is flaky at shorter lengths with
     probability p (bench/RESULTS.md, issue 16)."""
+    shrink_steps: int = 256
+    """The shrink stage cuts a text prompt, or the prose of a conversation
+    item, in at most this many steps (log2 of it probes per text)."""
     confirm: int = 10
     alpha: float = 0.05
     max_trials: int | None = None
@@ -115,6 +123,8 @@ class BisectOptions:
             raise OptionError("confirm", "must not be negative")
         if self.prefix_recheck < 0:
             raise OptionError("prefix_recheck", "must not be negative")
+        if self.shrink_steps < 2:
+            raise OptionError("shrink_steps", "must be at least 2")
         if not 0 < self.alpha < 1:
             raise OptionError("alpha", "must be between 0 and 1")
         if self.max_trials is not None and self.max_trials < 1:
@@ -147,6 +157,9 @@ class BisectResult:
     other_failures: list[dict[str, Any]] = field(default_factory=list)
     """The first trial of each other failure met (not the chased crash):
     journaled trial records, one per signature."""
+    shrink: dict[str, Any] | None = None
+    """What the shrink stage found (the manifest's ``shrink``): ``text`` is
+    the line for people ("crashes at >= 327,680 prompt tokens, not at 327,168")."""
 
 
 class _Trials:
@@ -161,7 +174,9 @@ class _Trials:
         rel = f"trials/{trial:04d}"
         started = time.time()
         t0 = time.monotonic()
-        obs = observed(await b.runner.run(b.trial(cand, trial, stage, b.out / rel, b.chase)))
+        spec = b.trial(cand, trial, stage, b.out / rel, b.chase)
+        obs = observed(await b.runner.run(spec))
+        sent = None if obs.sent is None else b.source_rows(spec.trace, obs.sent)
         sig = obs.signature_hash
         outcome = obs.outcome
         c = b.chase
@@ -181,8 +196,8 @@ class _Trials:
             run=rel,
             failed_request=obs.failed_request,
             suspects=list(obs.suspects or getattr(obs.signature, "suspects", ())),
-            reached=None if obs.sent is None else b.reached(obs.sent),
-            inflight=b.positions_of(obs.in_flight),
+            reached=None if sent is None else b.reached(sent),
+            inflight=b.positions_of(b.source_rows(spec.trace, obs.in_flight)),
         )
         if isinstance(obs.signature, Signature):
             path = b.out / rel / "signature.json"
@@ -262,6 +277,9 @@ class Bisect:
         """Run after confirming (``--vary``: :func:`replayer.bisect.vary.bisect_hook`)."""
         self.variants: dict[str, Any] | None = None
         """What the hook found: the manifest's ``variants``."""
+        self.shrunk: dict[str, Any] | None = None
+        """What the shrink stage found: the manifest's ``shrink``."""
+        self._derived: dict[str, tuple[Trace, list[int]]] = {}
         self._restore_chase()
 
     # -- bookkeeping -------------------------------------------------------------
@@ -313,6 +331,9 @@ class Bisect:
                 probes += math.ceil(math.log2(max(n, 2))) + (
                     self.opts.prefix_recheck if s == "prefix" else 0
                 )
+            elif s == "shrink":
+                # max_tokens on a doubling grid, the context, a provider: ~3 short searches
+                probes += 3 * (4 + self.opts.prefix_recheck)
             elif s == "timing":
                 probes += len(self.opts.speedups) + max(2, self.opts.calibrate_matches)
         return (
@@ -321,12 +342,52 @@ class Bisect:
             + (self.opts.confirm if self.opts.confirm else 0)
         )
 
+    def derived(self, cand: Candidate) -> tuple[Trace, list[int]]:
+        """The trace and rows a trial of ``cand`` replays: the selection's own,
+        or for a shrunk candidate a small trace of its edited requests."""
+        rows = [self.rows[p] for p in cand.positions]
+        if not cand.edit:
+            return self.trace, rows
+        got = self._derived.get(cand.key())
+        if got is None:
+            from replayer.bisect.shrink import Edit, materialize
+
+            t = materialize(
+                self.trace, rows, Edit.parse(cand.edit), self.out / "shrunk" / f"{cand.key()}.arrow"
+            )
+            if len(self._derived) >= 16:
+                self._derived.pop(next(iter(self._derived)))
+            got = self._derived[cand.key()] = (t, list(t.order))
+        return got
+
+    def source_rows(self, trace: Trace, rows: Sequence[int]) -> list[int]:
+        """Rows of a derived trace as the selection's rows (by request id)."""
+        if trace is self.trace:
+            return list(rows)
+        ids = trace.column("request_id")
+        by_id = {self.ids[r]: r for r in self.rows}
+        return [by_id[ids[r]] for r in rows if ids[r] in by_id]
+
+    def served_prompt_tokens(self, cand: Candidate, request_id: str) -> int | None:
+        """Prompt tokens the server reported for ``request_id`` in a quiet run of ``cand``."""
+        from replayer.replay.results import read_results
+
+        for rec in self.oracle.records.get(cand.key(), []):
+            path = self.out / (rec.run or "") / "results.arrow"
+            if rec.outcome is not Outcome.PASS or not rec.run or not path.exists():
+                continue
+            for r in read_results(path):
+                if r["request_id"] == request_id and r.get("prompt_tokens"):
+                    return int(r["prompt_tokens"])
+        return None
+
     def trial(self, cand: Candidate, number: int, stage: str, out: Path, chase: Chase) -> Trial:
         """What the runner is asked: ``cand``'s rows with its timing and speed."""
         out.mkdir(parents=True, exist_ok=True)
+        trace, rows = self.derived(cand)
         return Trial(
-            trace=self.trace,
-            rows=tuple(self.rows[p] for p in cand.positions),
+            trace=trace,
+            rows=tuple(rows),
             policy=replace(self.policy, timing=Timing(cand.timing), speed=cand.speed),
             number=number,
             stage=stage,
@@ -348,7 +409,7 @@ class Bisect:
         return max(positions) + 1 if positions else None
 
     def candidate(self, positions: Sequence[int]) -> Candidate:
-        return Candidate(tuple(sorted(positions)), self.best.timing, self.best.speed)
+        return replace(self.best, positions=tuple(sorted(positions)))
 
     async def test(self, positions: Sequence[int], stage: str) -> bool:
         return await self.oracle.test(self.candidate(positions), stage=stage, within=self.best)
@@ -382,6 +443,7 @@ class Bisect:
             "prefix": _stages.prefix,
             "sessions": _stages.sessions,
             "turns": _stages.turns,
+            "shrink": _shrink.shrink,
             "timing": _stages.timing,
         }
         status = "complete"
@@ -420,6 +482,7 @@ class Bisect:
             self.stages_done,
             [self.ids[self.rows[p]] for p in self.best.positions],
             [r.to_json() for r in self.oracle.bugs.values()],
+            _manifest.shrink_dict(self),
         )
 
     async def aclose(self) -> None:

@@ -139,7 +139,7 @@ class EnvRunner:
     async def run(self, trial: Trial) -> Observation:
         env = self.env
         env.chase = trial.chase  # the classification follows the bisect's chase
-        res = await env.run(list(trial.rows), trial.out, policy=trial.policy)
+        res = await env.run(list(trial.rows), trial.out, policy=trial.policy, trace=trial.trace)
         if res.unexercised and trial.stage == "calibrate":
             raise NotExercised(res.unexercised)
         sent: list[int] | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from replayer.bisect.oracle import Candidate, Outcome, TrialRecord
@@ -18,7 +19,7 @@ from replayer.replay.policy import Timing
 if TYPE_CHECKING:
     from replayer.bisect.pipeline import Bisect
 
-STAGES = ("calibrate", "cut", "prefix", "sessions", "turns", "timing")
+STAGES = ("calibrate", "cut", "prefix", "sessions", "turns", "shrink", "timing")
 
 
 class NotReproducible(Exception):
@@ -175,12 +176,12 @@ async def timing(b: Bisect) -> None:
     if base.timing == Timing.ASAP.value:
         return  # nothing left to compress
     for factor in b.opts.speedups:
-        cand = Candidate(base.positions, base.timing, base.speed * factor)
+        cand = replace(base, speed=base.speed * factor)
         if not await b.oracle.test(cand, stage="timing"):
             break
         b.improve(cand, "timing")
     if b.opts.try_asap and b.best.timing != Timing.ASAP.value:
-        cand = Candidate(b.best.positions, Timing.ASAP.value, b.best.speed)
+        cand = replace(b.best, timing=Timing.ASAP.value)
         if await b.oracle.test(cand, stage="timing"):
             b.improve(cand, "timing")
     if b.best != base and not await reproduces(b, b.best, "timing"):

@@ -212,14 +212,18 @@ class TrialEnv:
         policy: ReplayPolicy | None = None,
         progress: bool = False,
         command: list[str] | None = None,
+        trace: Trace | None = None,
     ) -> TrialResult:
+        """One trial of ``rows`` of ``trace`` (default: the env's; a shrunk
+        candidate brings its own)."""
+        trace = trace or self.trace
         try:
             await self.prepare()
         except (LaunchError, TargetError) as exc:
             self.needs_restart = True
             return TrialResult(Outcome.INFRA, None, message=str(exc))
         run = await replay_to_dir(
-            self.trace,
+            trace,
             rows,
             policy or self.policy,
             [Endpoint(self.name, self.target.url, self.api_key)],
@@ -256,7 +260,7 @@ class TrialEnv:
             # belongs in the signature, and comes within seconds
             exit_info = await self.target.exit_after(EXIT_WAIT)
         log = await self.target.collect_log()
-        ids = [self.trace.column("request_id")[r] for r in rows]
+        ids = [trace.column("request_id")[r] for r in rows]
         sig = None
         if log.strip():
             sig = signature_from_log(

@@ -66,6 +66,7 @@ from replayer.target.process import split_command
 
 if TYPE_CHECKING:
     from replayer.bisect.pipeline import Bisect
+    from replayer.trace.reader import Trace
 
 DEFAULT_RUNS = 5
 CONTROL = "unmodified"
@@ -579,6 +580,7 @@ async def _run_one(
     chase: Chase,
     key: str,
     say: Callable[[str], None],
+    trace: Trace | None = None,
 ) -> dict[str, Any]:
     """``runs`` runs of one launch (journaled runs of the same launch count)."""
     shown = redact_command(cmd)
@@ -594,7 +596,7 @@ async def _run_one(
         failed = 0
         try:
             for i in range(len(done), runs):
-                res = await env.run(rows, d / f"{i + 1:03d}", policy=policy)
+                res = await env.run(rows, d / f"{i + 1:03d}", policy=policy, trace=trace)
                 outcome = "UNEXERCISED" if res.unexercised else res.outcome.value
                 entry = {
                     "key": key,
@@ -642,13 +644,14 @@ async def run_plan(
     key: str = "",
     control: tuple[int, int, str] | None = None,
     say: Callable[[str], None] = print,
+    trace: Trace | None = None,
 ) -> dict[str, Any]:
     """Run every applicable variant of ``plan`` on ``rows``; the report
     (``manifest.json``'s ``variants``). ``control``: (crashes, runs, source)
     already measured on the unmodified launch; without it the control runs too.
     Runs are journaled in ``out/variants.jsonl``: a resumed run repeats none."""
     chase = chase or Chase()
-    args = (plan.runs, rows, out, new_env, policy, chase, key, say)
+    args = (plan.runs, rows, out, new_env, policy, chase, key, say, trace)
     if control is not None and control[1]:
         ctl: dict[str, Any] = {
             "name": CONTROL,
@@ -693,9 +696,10 @@ def bisect_hook(plan: VaryPlan, new_env: EnvFactory) -> Callable[[Bisect], Await
         await b.aclose()  # the variants launch on the same port
         k, n = confirm_counts(b)
         b.say(f"== vary: {sum(a.launch is not None for a in plan.variants)} variant(s)")
+        trace, rows = b.derived(b.best)  # a shrunk repro brings its own small trace
         b.variants = await run_plan(
             plan,
-            [b.rows[p] for p in b.best.positions],
+            rows,
             b.out / "variants",
             new_env,
             policy=replace(b.policy, timing=Timing(b.best.timing), speed=b.best.speed),
@@ -703,6 +707,7 @@ def bisect_hook(plan: VaryPlan, new_env: EnvFactory) -> Callable[[Bisect], Await
             key=b.best.key(),
             control=(k, n, "confirm") if n else None,
             say=b.say,
+            trace=trace,
         )
         write_report(b.out / "variants.json", b.variants)
 

@@ -24,7 +24,7 @@ import io
 import os
 import shutil
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from replayer import __version__
 from replayer.trace.export import jsonl_lines
 from replayer.trace.reader import Trace
 from replayer.trace.subset import write_subset
+from replayer.trace.writer import RequestRecord
 
 BUNDLE_FORMAT_VERSION = 1
 REPRO_SOURCE = Path(__file__).with_name("repro.py")
@@ -56,13 +57,15 @@ def write_bundle(
     server_log: str | None = None,
     metrics_snapshot: str | None = None,
     trials: Sequence[dict[str, Any]] = (),
+    edit: Callable[[RequestRecord], RequestRecord] | None = None,
 ) -> Path:
-    """Write (or rewrite) a bundle directory atomically and its tarball."""
+    """Write (or rewrite) a bundle directory atomically and its tarball;
+    ``edit`` rewrites the requests (what the bisect's shrink stage found)."""
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    write_subset(trace, rows, tmp / "trace.arrow", details={"bundle": True})
+    write_subset(trace, rows, tmp / "trace.arrow", details={"bundle": True}, edit=edit)
     sub = Trace.open(tmp / "trace.arrow")
     with (tmp / "requests.jsonl").open("wb") as f:
         for line in jsonl_lines(sub):
@@ -169,6 +172,17 @@ def variants_table(report: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _shrunk(report: dict[str, Any] | None) -> list[str]:
+    """The threshold the shrink stage found: "at what context length?"."""
+    if not report:
+        return []
+    return [
+        f"The requests are shrunk inside (request `{report.get('request')}` crashes): "
+        f"**{_cell(report.get('text', ''))}**. `requests.jsonl` holds the shrunk bodies.",
+        "",
+    ]
+
+
 def readme(m: dict[str, Any]) -> str:
     """The bundle's README: what crashed, and how to see it crash."""
     sig = m.get("signature") or {}
@@ -188,6 +202,7 @@ def readme(m: dict[str, Any]) -> str:
             else "."
         ),
         "",
+        *_shrunk(m.get("shrink")),
         "## Reproduce it",
         "",
         "Start the server the way the target was started (see *Target* below), then, "

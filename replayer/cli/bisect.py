@@ -286,6 +286,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         print(f"control: {describe_rate(*res.control)}")
     if res.signature is not None:
         print(f"signature {res.signature.hash}: {res.signature.text}")
+    if res.shrink is not None:
+        print(f"shrunk: {res.shrink['text']}")
     if res.other_failures:
         from replayer.bundle.export import bug_line
 

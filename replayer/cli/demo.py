@@ -7,7 +7,8 @@
    requests in 8 sessions) against it at 20x speed: the crash is caught,
    classified and signed from the server log.
 3. Bisect: restart the server for every trial and shrink the trace to the
-   smallest one that still crashes the same way.
+   smallest one that still crashes the same way, then the requests inside
+   it to the threshold (how many prompt tokens, how much decode).
 4. Verify the bundle against a healthy emulator as the control platform,
    then relaunch the faulty one under a few server variants (prefix caching
    off, chunked prefill off): the crash needs a prefix-cache hit, and the
@@ -190,6 +191,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say("\n== 4. the repro bundle")
     _say(f"   {len(ids)} of {len(rows)} requests crash the server the same way: " + ", ".join(ids))
     _say(f"   found in {res.trials} trials; replay {res.best.timing} at {res.best.speed:g}x")
+    if res.shrink is not None:
+        _say(f"   shrunk inside: {res.shrink['text']}")
     _say(f"   faulty emulator: {describe_rate(k, n)}")
     if res.control is not None:
         pval = fisher_one_sided(k, n, *res.control)

@@ -314,7 +314,9 @@ class CacheHitFault:
     """The exact minimal set: the trigger's previous turn, then the trigger."""
 
 
-def cache_hit_fault(results: Sequence[Mapping[str, object]], gpu: str = "hip") -> CacheHitFault:
+def cache_hit_fault(
+    results: Sequence[Mapping[str, object]], gpu: str = "hip", *, room: bool = False
+) -> CacheHitFault:
     """The shape of vLLM #50347 (a long prefill on a large prefix-cache hit),
     fitted to a clean replay's ``results`` (one request in flight, per-request
     cached tokens: real token counts of the model's own tokenizer).
@@ -322,8 +324,11 @@ def cache_hit_fault(results: Sequence[Mapping[str, object]], gpu: str = "hip") -
     The trigger R is the longest prompt; C is the hit its previous turn gives
     it. R alone hits nothing, R after an older turn hits less than C (their
     prompts are shorter than C), no other request is as long: so {previous
-    turn, R} is the one minimal crashing set. Raises ValueError when the
-    trace has no such shape."""
+    turn, R} is the one minimal crashing set. With ``room`` the prompt
+    threshold is one token above the second-longest prompt instead of R's
+    own length: the same one set, and R can lose that much and still crash
+    (what a shrink stage finds). Raises ValueError when the trace has no
+    such shape."""
     rows = [r for r in results if r.get("status") == "ok"]
 
     def num(r: Mapping[str, object], key: str) -> int:
@@ -346,9 +351,10 @@ def cache_hit_fault(results: Sequence[Mapping[str, object]], gpu: str = "hip") -
     hit = num(trig, "cached_tokens")
     if any(num(r, "prompt_tokens") >= hit for r in same if num(r, "turn") < turn - 1):
         raise ValueError("an older turn alone gives the trigger its hit")
-    rule = (
-        f"raise gpu={gpu} when prompt_tokens>={num(trig, 'prompt_tokens')} and cached_tokens>={hit}"
+    need = (
+        num(rows[-2], "prompt_tokens") + 1 if room and len(rows) > 1 else num(trig, "prompt_tokens")
     )
+    rule = f"raise gpu={gpu} when prompt_tokens>={need} and cached_tokens>={hit}"
     return CacheHitFault(
         rule, str(trig["request_id"]), (str(prev[0]["request_id"]), str(trig["request_id"]))
     )

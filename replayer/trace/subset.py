@@ -8,18 +8,25 @@ so the subset is as compact as any trace and reconstructs the same bodies.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from replayer.trace.reader import Trace
-from replayer.trace.writer import TraceMeta, TraceWriter
+from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
 
 
 def write_subset(
-    trace: Trace, rows: Iterable[int], out: Path, *, details: dict[str, Any] | None = None
+    trace: Trace,
+    rows: Iterable[int],
+    out: Path,
+    *,
+    details: dict[str, Any] | None = None,
+    edit: Callable[[RequestRecord], RequestRecord] | None = None,
 ) -> int:
-    """Write ``rows`` (kept in trace order) to ``out``; returns the count."""
+    """Write ``rows`` (kept in trace order) to ``out``; returns the count.
+
+    ``edit`` rewrites each record on the way (the bisect's shrink stage)."""
     keep = set(rows)
     plan = [r for r in trace.order if r in keep]
     meta = TraceMeta(
@@ -32,5 +39,6 @@ def write_subset(
     )
     with TraceWriter(out, meta, form="file") as w:
         for row, content in trace.iter_content(plan):
-            w.add(trace.record(row, content))
+            rec = trace.record(row, content)
+            w.add(edit(rec) if edit is not None else rec)
         return w.rows

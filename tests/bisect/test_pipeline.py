@@ -4,6 +4,7 @@ minimal subset, another bug never accepted, a delayed crash."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import shlex
 import socket
@@ -243,3 +244,57 @@ async def test_another_bug_is_recorded_never_accepted(tmp_path):
     assert m["bugs"] and {x["signature"] for x in m["bugs"]} == {r.signature for r in others}
     assert "Memory access fault" in m["signature"]["text"]  # still the HSA crash
     assert m["reproduction"]["crashes"] == 2
+
+
+@pytest.mark.slow
+async def test_shrink_finds_the_prompt_threshold_keeps_the_cache_hit_and_the_bundle_crashes(
+    tmp_path, emulator_factory
+):
+    # token-id prompts (64-token blocks): the engine dies on a prompt of >= 7,000
+    # tokens with a prefix-cache hit of >= 3,000
+    t = synth(tmp_path, sessions=3, turns=5, context=12_000, rate=50, think=0.0, seed=3,
+              payload="blocks")  # fmt: skip
+    fault = "exit after=0.2 when cached_tokens>=3000 and prompt_tokens>=7000"
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix", "sessions", "turns", "shrink"),
+        calibrate_matches=2,
+        calibrate_runs=4,
+        confirm=2,
+    )
+    rows = select(t)
+    out = tmp_path / "bisect"
+    env = TrialEnv(
+        trace=t,
+        # one request at a time: a turn is in the cache before the next is sent
+        policy=ReplayPolicy(timing=Timing.ASAP, max_inflight=1),
+        target=make_target(launch=emulator_cmd(fault), log_path=out / "server.log", model=MODEL),
+        watch=WATCH,
+        reset=ResetMode.RESTART,
+    )
+    b = Bisect(t, rows, env, out, opts, say=lambda m: None)
+    res = await run_bisect(b)
+    assert res.status == "complete" and res.reproduction == (2, 2)
+    m = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
+    source, crashing = m["requests"]
+    assert crashing == m["shrink"]["request"]
+    bundle = Trace.open(out / "bundle" / "trace.arrow")
+    row = {bundle.column("request_id")[r]: r for r in bundle.order}
+    tokens = {rid: bundle.block_tokens(r) for rid, r in row.items()}
+    # N to N + one block, for the prompt and for the hit its source gives it
+    assert 7000 <= len(tokens[crashing]) < 7000 + 64
+    assert 3000 <= len(tokens[source]) < 3000 + 64
+    assert tokens[crashing][: len(tokens[source])] == tokens[source]  # still a shared prefix
+    assert m["shrink"]["text"].startswith(
+        f"crashes at >= {len(tokens[crashing]):,} prompt tokens, "
+        f"not at {len(tokens[crashing]) - 64:,} prompt tokens; "
+        f"its prefix-cache source {source} crashes at >= {len(tokens[source]):,} tokens"
+    )
+    # the bundle, shrunk, crashes a fresh server in one command; a healthy one not
+    for args, code in ((["--fault", fault], 1), ([], 0)):
+        srv = emulator_factory(["--speed", "instant", *args])
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(out / "bundle" / "repro.py"), "--url", srv.url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        said, _ = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == code, said.decode()

@@ -163,7 +163,7 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     assert ids_of(trace, b, res.best.positions) == list(PAIR)
     assert (res.best.timing, res.best.speed) == ("recorded", 4.0)  # 8x and asap lost it
     assert res.stages_done == [
-        "calibrate", "cut", "prefix", "sessions", "turns", "timing", "confirm"
+        "calibrate", "cut", "prefix", "sessions", "turns", "shrink", "timing", "confirm"
     ]  # fmt: skip
     n_cut = 15 + 1 + LATE  # the crash was noticed LATE requests after position 15
     stages = per_stage(b)
@@ -180,6 +180,13 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     assert stages["sessions"] == 3 < 2 + math.ceil(math.log2(SESSIONS - 1))
     # turns, newest first (s1-2 s3-1 s1-1 s3-0 s1-0): {s3-2}, 2 probes, {s1-1 s3-2}
     assert stages["turns"] == 4 == 2 + math.ceil(math.log2(5)) - 1
+    # shrink: the fake ignores bodies, so everything crashes: max_tokens 1 at once
+    # (the grid 1, 2), then the pinned request's text cut to one character
+    assert stages["shrink"] == 1 + probes_of_binary_search(len("s3 turn 2"), 1)
+    assert [t.bodies() for t in control.calls][-1] == [
+        {"model": "m", "messages": [{"role": "user", "content": "s1 turn 1"}], "max_tokens": 1},
+        {"model": "m", "messages": [{"role": "user", "content": "s"}], "max_tokens": 1},
+    ]
     # x2 and x4 crash, x8 does not, asap does not; then x4 must crash twice more
     assert stages["timing"] == 4 + (OPTS.calibrate_matches - 1)
     assert stages["confirm"] == OPTS.confirm
@@ -194,7 +201,7 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     trials = [e for e in entries if e["event"] == "trial"]
     assert [e["record"]["trial"] for e in trials] == list(range(1, res.trials + 1))
     for e, call in zip(trials, runner.calls, strict=True):
-        assert [b.rows[p] for p in e["positions"]] == list(call.rows)
+        assert [b.ids[b.rows[p]] for p in e["positions"]] == call.request_ids()
         assert (e["timing"], e["speed"], e["record"]["stage"]) == (
             call.timing.value,
             call.speed,
@@ -204,7 +211,7 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     first = trials[0]["record"]
     assert (first["outcome"], first["signature"], first["reached"]) == ("MATCH", "planted", n_cut)
     assert first["suspects"] == list(PAIR) and first["failed_request"] == "s3-2"
-    assert {e["name"] for e in entries if e["event"] == "mark"} == {"prefix"}
+    assert {e["name"] for e in entries if e["event"] == "mark"} == {"prefix", "shrink"}
     assert sum(e["event"] == "verdict" for e in entries) == len(b.oracle.verdicts)
     assert [orjson.loads(x)["outcome"] for x in (out / "control.jsonl").read_bytes().split()] == [
         "PASS"
@@ -217,6 +224,10 @@ async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     assert (m["reproduction"]["crashes"], m["reproduction"]["runs"]) == (4, 4)
     assert m["control"]["name"] == "clean" and m["control"]["p_value"] < 0.05
     assert (m["policy"]["timing"], m["policy"]["speed"]) == ("recorded", 4.0)
+    assert m["shrink"]["text"] == (
+        "still crashes at ~5 prompt tokens, the least it could be cut to; "
+        "max_tokens 1 crashes (recorded 2)"
+    )
     # how long it takes is a figure, not an assertion: python -m bench bisect_fake
 
 

@@ -405,7 +405,7 @@ class FakeEnv:
     target: FakeTarget = field(default_factory=FakeTarget)
     chase: Chase = field(default_factory=Chase)
 
-    async def run(self, rows, out, policy=None):
+    async def run(self, rows, out, policy=None, trace=None):
         self.runs.append(out)
         if "--bad" in self.cmd:
             return TrialResult(Outcome.INFRA, None, message="cannot launch: --bad")

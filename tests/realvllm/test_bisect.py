@@ -1,14 +1,17 @@
-"""A real crash, injected into the real engine, bisected to its exact cause.
+"""A real crash, injected into the real engine, bisected to its exact cause
+and shrunk to its threshold.
 
 The rule makes the model runner raise a HIP illegal-memory-access error when
 a new request has a long prompt *and* a large prefix-cache hit, the shape of
 vLLM #50347. Its thresholds are read off a clean replay on the shared server
 (real token counts of the tiny tokenizer) by ``cache_hit_fault``: exactly one
-minimal set exists, {R's previous turn, R}.
+minimal set exists, {R's previous turn, R}, and R is longer than the prompt
+threshold, so the shrink stage has room to cut it.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -40,8 +43,11 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         *("--max-inflight", 1, "--out", tmp_path / "clean", "--quiet"),
     )
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    fault = cache_hit_fault(read_results(tmp_path / "clean" / "results.arrow"))
+    clean_rows = read_results(tmp_path / "clean" / "results.arrow")
+    fault = cache_hit_fault(clean_rows, room=True)
     rule = fault.rule
+    need_prompt, need_hit = map(int, re.findall(r">=(\d+)", rule))
+    recorded = next(r for r in clean_rows if r["request_id"] == fault.trigger)
 
     def launch(port: int) -> str:
         return serve_command(
@@ -60,7 +66,7 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         trace,
         *("--launch", launch(free_port()), "--model", "tiny-llama", "--timing", "asap"),
         *("--out", out, "--calibrate", 1, "--confirm", 1, "--reset", "prefix-cache"),
-        *("--stages", "calibrate,cut,prefix,sessions,turns"),
+        *("--stages", "calibrate,cut,prefix,sessions,turns,shrink", "--shrink-steps", 8),
         timeout=1200,
     )
     took = time.monotonic() - started
@@ -85,6 +91,30 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         print(
             f"  trial {t['trial']} {t['stage']} {t['size']} -> {t['outcome']} {t['duration_s']} s"
         )
+
+    # the shrink: every shrunk body was one real vLLM accepted (no INVALID),
+    # and the bundle's R is shorter than recorded, still over both thresholds
+    shrunk = [t for t in trials if t["stage"] == "shrink"]
+    assert shrunk and {t["outcome"] for t in shrunk} <= {"MATCH", "PASS"}
+    report = manifest["shrink"]
+    print(f"  shrunk: {report['text']}")
+    assert report["request"] == fault.trigger and report["max_tokens"]["crashes_at"] == 1
+    assert report["context"]["quiet_at"]["tokens_from"] == "server"
+    vllm_shared.reset_prefix_cache()
+    again = cli(
+        "replay",
+        out / "bundle" / "trace.arrow",
+        *("--target", vllm_shared.url, "--model", vllm_shared.model, "--timing", "asap"),
+        *("--max-inflight", 1, "--out", tmp_path / "bundle-clean", "--quiet"),
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    r = next(
+        x
+        for x in read_results(tmp_path / "bundle-clean" / "results.arrow")
+        if x["request_id"] == fault.trigger
+    )
+    assert need_prompt <= r["prompt_tokens"] < recorded["prompt_tokens"]
+    assert r["cached_tokens"] >= need_hit
 
     # the bundle, on a fresh server with the same fault, in one command
     srv = VLLMServer(

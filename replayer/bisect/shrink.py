@@ -1,0 +1,546 @@
+"""The shrink stage: the same crash with less inside the requests.
+
+The subset stages answer "which requests"; a kernel engineer's next
+questions are "at what context length does it start?" and "how much decode
+does it need?". After them, this stage rewrites the bodies of the remaining
+requests while the chased crash still reproduces, one monotone question at a
+time, each a one-run-per-probe search over lengths
+(:meth:`~replayer.bisect.oracle.Oracle.flaky_prefix`, flaky-aware):
+
+1. **max_tokens**: every request's cap on a doubling grid (1, 2, 4 ... the
+   recorded cap): the least that still crashes, within a factor of two.
+2. **context** of the crashing request (the last one kept): token-id prompts
+   lose trailing blocks, text prompts trailing characters (in at most
+   ``BisectOptions.shrink_steps`` steps, 256), and chat, Messages
+   and Responses conversations their oldest turns. A turn is what the model
+   said (a reply, tool calls) with what answered it (tool results, the next
+   user message), so what is left stays valid: the system prompt, tools, the
+   first user message and the last turn are never touched.
+3. **prefix providers** (token-id and text prompts): each earlier request
+   cut to the least that still crashes, so a crash that needs a prefix-cache
+   hit reports how much of a hit.
+
+Shared prefixes survive by construction: a dropped turn is dropped, by its
+content, from *every* request that holds it, so an earlier turn of the same
+session stays a prefix of the crashing one; trailing cuts keep prefixes.
+
+The result is the threshold ("crashes at >= 327,680 prompt tokens, not at
+327,168"), written to the manifest and the bundle README, and a bundle whose
+requests are the shrunk ones. Candidates carry their edit as canonical JSON
+(:attr:`Candidate.edit`), so trials are journaled, cached and resumed like
+any other; a trial of an edited candidate replays a small trace written for
+it (:func:`materialize`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from replayer.bisect.oracle import Candidate, Outcome
+from replayer.trace.reader import Trace
+from replayer.trace.schema import Kind
+from replayer.trace.subset import write_subset
+from replayer.trace.writer import RequestRecord
+
+if TYPE_CHECKING:
+    from replayer.bisect.pipeline import Bisect
+
+UNIT = {Kind.BLOCKS: "block", Kind.TEXT: "character"}
+TRIM_ITEMS = 3
+"""Conversation items whose text is cut, longest first, when dropping turns is not enough."""
+CAP_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """What the shrink stage changed, applied to every request of a candidate."""
+
+    max_tokens: int | None = None
+    """A cap on every request's output tokens."""
+    cuts: tuple[tuple[str, int], ...] = ()
+    """(request id, kept length): block ids of a token-id prompt, characters of a text one."""
+    drop: tuple[str, ...] = ()
+    """Digests of conversation turns dropped from every request holding them."""
+    trims: tuple[tuple[str, int], ...] = ()
+    """(item digest, kept characters): the longest text of a conversation item,
+    cut in every request holding that item."""
+
+    def text(self) -> str:
+        """Canonical JSON (``""`` for no edit): the candidate's ``edit``."""
+        d: dict[str, Any] = {}
+        if self.max_tokens is not None:
+            d["max_tokens"] = self.max_tokens
+        if self.cuts:
+            d["cuts"] = sorted(self.cuts)
+        if self.drop:
+            d["drop"] = sorted(self.drop)
+        if self.trims:
+            d["trims"] = sorted(self.trims)
+        return orjson.dumps(d, option=orjson.OPT_SORT_KEYS).decode() if d else ""
+
+    @classmethod
+    def parse(cls, text: str) -> Edit:
+        if not text:
+            return cls()
+        d = orjson.loads(text)
+        return cls(
+            d.get("max_tokens"),
+            tuple((str(r), int(n)) for r, n in d.get("cuts", ())),
+            tuple(d.get("drop", ())),
+            tuple((str(k), int(n)) for k, n in d.get("trims", ())),
+        )
+
+    def cut(self, request_id: str, length: int) -> Edit:
+        others = tuple(c for c in self.cuts if c[0] != request_id)
+        return replace(self, cuts=(*others, (request_id, length)))
+
+    def trim(self, item: str, length: int) -> Edit:
+        others = tuple(c for c in self.trims if c[0] != item)
+        return replace(self, trims=(*others, (item, length)))
+
+    def apply(self, rec: RequestRecord) -> RequestRecord:
+        """``rec`` with this edit; untouched records come back as they were."""
+        kind = Kind(rec.kind)
+        content, params, tokens = rec.content, rec.params, rec.input_tokens
+        cuts = dict(self.cuts)
+        if rec.request_id in cuts and kind in (Kind.BLOCKS, Kind.TEXT):
+            n = cuts[rec.request_id]
+            content = content[:n]
+            if kind is Kind.BLOCKS and rec.block_size and tokens is not None:
+                tokens = min(tokens, n * rec.block_size)
+            elif kind is Kind.TEXT:
+                tokens = None  # the writer estimates it again
+        if self.drop and kind.itemized and content:
+            gone = set(self.drop)
+            items = list(content)
+            spans = turns(kind, items)
+            keep = [True] * len(items)
+            for s, e in spans:
+                if digest(items[s:e]) in gone:
+                    keep[s:e] = [False] * (e - s)
+            if not all(keep):
+                content = [m for m, k in zip(items, keep, strict=True) if k]
+                tokens = None
+        if self.trims and kind.itemized and content:
+            cut_to = dict(self.trims)
+            items = list(content)
+            for i, m in enumerate(items):
+                kept = cut_to.get(digest([m]))
+                if kept is not None:
+                    items[i] = trimmed(m, kept)
+            if items != list(content):
+                content, tokens = items, None
+        if self.max_tokens is not None and kind is not Kind.RAW:
+            params = capped(params, kind, self.max_tokens)
+        if content is rec.content and params is rec.params:
+            return rec
+        return replace(
+            rec,
+            content=content,
+            params=params,
+            input_tokens=tokens,
+            body_sha256=None,  # not the recorded body any more
+            usage_prompt_tokens=None,
+            usage_cached_tokens=None,
+        )
+
+
+def capped(params: dict[str, Any], kind: Kind, cap: int) -> dict[str, Any]:
+    """``params`` with every output cap at most ``cap`` (one is added where none is)."""
+    out = dict(params)
+    present = [k for k in CAP_KEYS if isinstance(out.get(k), int)]
+    if not present:
+        present = ["max_output_tokens" if kind is Kind.RESPONSES else "max_tokens"]
+        out[present[0]] = cap
+    for k in present:
+        out[k] = min(int(out[k]), cap)
+    if isinstance(out.get("min_tokens"), int):
+        out["min_tokens"] = min(out["min_tokens"], cap)
+    return out
+
+
+def recorded_cap(params: dict[str, Any]) -> int | None:
+    caps = [v for k in CAP_KEYS if isinstance(v := params.get(k), int) and v > 0]
+    return max(caps) if caps else None
+
+
+def _item(text: Any) -> dict[str, Any]:
+    if isinstance(text, dict):
+        return text
+    try:
+        got = orjson.loads(text)
+    except (orjson.JSONDecodeError, TypeError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+OUTPUT_ITEMS = frozenset({"function_call", "reasoning", "custom_tool_call", "mcp_call"})
+"""Responses input items that are the model's own output (besides assistant messages)."""
+
+
+def _is_output(kind: Kind, item: dict[str, Any]) -> bool:
+    """What the model said (an assistant message, a tool call, reasoning), as
+    opposed to what it was told (system, user, tool results)."""
+    if kind is Kind.RESPONSES and item.get("type", "message") != "message":
+        return item.get("type") in OUTPUT_ITEMS
+    return item.get("role") == "assistant"
+
+
+def turns(kind: Kind, items: Sequence[Any]) -> list[tuple[int, int]]:
+    """The droppable turns of a conversation, oldest first, as [start, end)
+    spans. A turn is what the model said and what answered it (tool results,
+    the user's next message), so dropping one keeps tool calls paired and
+    roles alternating. The head (system prompt, the first user message) and
+    the last turn are never listed."""
+    out = [_is_output(kind, _item(m)) for m in items]
+    starts = [i for i, o in enumerate(out) if o and (i == 0 or not out[i - 1])]
+    return list(itertools.pairwise(starts))
+
+
+TEXT_KEYS = ("content", "text", "output")
+"""Where a conversation item's prose lives (never tool-call arguments: they are JSON)."""
+
+
+def _texts(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[int, tuple[Any, ...]]]:
+    """(length, path) of every prose string in an item."""
+    out: list[tuple[int, tuple[Any, ...]]] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if isinstance(v, str) and k in TEXT_KEYS:
+                out.append((len(v), (*path, k)))
+            elif isinstance(v, dict | list):
+                out += _texts(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _texts(v, (*path, i))
+    return out
+
+
+def longest_text(item: Any) -> int:
+    """Characters of an item's longest prose string (0: none)."""
+    found = _texts(_item(item))
+    return max(n for n, _ in found) if found else 0
+
+
+def trimmed(item: Any, n: int) -> Any:
+    """``item`` with its longest prose string cut to ``n`` characters."""
+    d = _item(item)
+    found = _texts(d)
+    if not found:
+        return item
+    _, path = max(found, key=lambda f: f[0])
+    d = orjson.loads(orjson.dumps(d))  # a copy to cut
+    node: Any = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = node[path[-1]][:n]
+    return orjson.dumps(d).decode() if isinstance(item, str) else d
+
+
+def digest(items: Sequence[Any]) -> str:
+    h = hashlib.sha256()
+    for m in items:
+        h.update(m.encode() if isinstance(m, str) else orjson.dumps(m, option=orjson.OPT_SORT_KEYS))
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def materialize(trace: Trace, rows: Sequence[int], edit: Edit, path: Path) -> Trace:
+    """``rows`` of ``trace`` with ``edit`` applied, as a trace of their own
+    (written once per candidate: a resumed bisect reuses it)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        write_subset(
+            trace, rows, tmp, details={"shrink": orjson.loads(edit.text() or "{}")}, edit=edit.apply
+        )
+        tmp.replace(path)
+    return Trace.open(path)
+
+
+# -- the stage ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Search:
+    """One length search's answer: the least crashing length and, when a run
+    showed it quiet, the one below."""
+
+    crashes: int
+    quiet: int | None
+
+
+async def _least(
+    b: Bisect, n: int, make: Callable[[int], Candidate], what: str, *, low_first: bool = False
+) -> _Search | None:
+    """The least j in 1..n whose candidate crashes (``make(n)`` is the
+    current best), or None when nothing shorter than n does. ``low_first``
+    tries j = 1 first (one trial when the answer is the least there is).
+    One re-check of the longest quiet length (not the prefix stage's
+    ``prefix_recheck``): each search here pays it again."""
+    clock = b.oracle.mark("shrink")
+    steady = b.oracle.repeats(upto=clock) == 1
+    j = None
+    if low_first:
+        lowest = make(1)
+        done = [
+            r
+            for r in b.oracle.records.get(lowest.key(), [])
+            if r.trial > clock and r.outcome is not Outcome.INFRA
+        ]
+        rec = done[0] if done else await b.oracle.run_once(lowest, "shrink")
+        if rec.outcome is Outcome.MATCH:
+            j = 1
+    if j is None:
+        j = await b.oracle.flaky_prefix(
+            n,
+            make,
+            stage="shrink",
+            binary_first=steady,
+            recheck=min(1, b.opts.prefix_recheck),
+        )
+    b.say(f"== shrink: {what}: crashes at {j:,} of {n:,}")
+    below = None
+    if j > 1:
+        recs = b.oracle.records.get(make(j - 1).key(), [])
+        if recs and not any(r.outcome is Outcome.MATCH for r in recs):
+            below = j - 1
+    return _Search(j, below) if j < n else None
+
+
+async def shrink(b: Bisect) -> None:
+    """The stage (see the module doc); ``b.shrunk`` holds what it found."""
+    if not b.best.positions:
+        return
+    base = Edit.parse(b.best.edit)
+    report: dict[str, Any] = {}
+    trace, rows = b.derived(b.best)
+    last = rows[-1]
+    rid = trace.column("request_id")[last]
+    kind = Kind(trace.column("kind")[last])
+    report["request"] = rid
+    if kind is Kind.RAW:
+        b.say("== shrink: the crashing request is a raw body; nothing to shrink inside it")
+        return
+
+    # 1. max_tokens, on a doubling grid
+    caps = [c for r in rows if (c := recorded_cap(orjson.loads(trace.params_text(r))))]
+    top = max(caps) if caps else None
+    if top is not None and top > 1 and base.max_tokens is None:
+        grid = [2**i for i in range(math.ceil(math.log2(top)))] + [top]
+        cur = b.best
+
+        def with_cap(j: int) -> Candidate:
+            if j == len(grid):
+                return cur
+            return replace(cur, edit=replace(base, max_tokens=grid[j - 1]).text())
+
+        got = await _least(b, len(grid), with_cap, "max_tokens", low_first=True)
+        if got is not None:
+            base = replace(base, max_tokens=grid[got.crashes - 1])
+            b.improve(replace(cur, edit=base.text()), "shrink")
+            report["max_tokens"] = {
+                "crashes_at": grid[got.crashes - 1],
+                "quiet_at": grid[got.quiet - 1] if got.quiet else None,
+                "recorded": top,
+            }
+
+    # 2. the crashing request's context
+    content = trace.content(last)
+    ctx = await _context(b, base, kind, rid, content)
+    if ctx is not None:
+        base, report["context"] = ctx
+
+    # 3. prefix providers: earlier token-id and text prompts, newest first
+    providers: list[dict[str, Any]] = []
+    if kind in (Kind.BLOCKS, Kind.TEXT):
+        trace, rows = b.derived(b.best)
+        for r in reversed(rows[:-1]):
+            if Kind(trace.column("kind")[r]) is not kind:
+                continue
+            other = trace.column("request_id")[r]
+            got_p = await _cut_search(b, base, kind, other, trace.content(r), "prefix provider")
+            if got_p is not None:
+                base, found = got_p
+                providers.append(found)
+    if providers:
+        report["providers"] = providers
+    if len(report) > 1:
+        b.shrunk = report
+        b.say(f"== shrink: {threshold_line(report)}")
+
+
+async def _context(
+    b: Bisect, base: Edit, kind: Kind, rid: str, content: Any
+) -> tuple[Edit, dict[str, Any]] | None:
+    """The crashing request's context: trailing units of a prompt; the
+    oldest turns of a conversation, then the text of its longest items."""
+    if kind in (Kind.BLOCKS, Kind.TEXT):
+        return await _cut_search(b, base, kind, rid, content, "context")
+    items = list(content)
+    spans = turns(kind, items)
+    edit = base
+    found: dict[str, Any] | None = None
+    if spans:
+        cur = b.best
+        digests = [digest(items[s:e]) for s, e in spans]
+        k = len(spans)
+
+        def keeping(j: int) -> Candidate:
+            """Keep the newest j - 1 turns of history (j = k + 1: all of them)."""
+            if j == k + 1:
+                return cur
+            return replace(cur, edit=replace(base, drop=(*base.drop, *digests[: k + 1 - j])).text())
+
+        got = await _least(b, k + 1, keeping, "context (turns of history)")
+        if got is not None:
+            edit = replace(base, drop=(*base.drop, *digests[: k + 1 - got.crashes]))
+            b.improve(replace(cur, edit=edit.text()), "shrink")
+            found = {
+                "unit": "turn",
+                "crashes_at": _measure(b, b.best, rid, got.crashes - 1, True),
+                "quiet_at": _measure(b, keeping(got.quiet), rid, got.quiet - 1, False)
+                if got.quiet
+                else None,
+                "recorded": {"units": k},
+            }
+    # finer than a turn: cut the prose of the longest items left
+    trace, rows = b.derived(b.best)
+    left = list(trace.content(next(r for r in rows if trace.column("request_id")[r] == rid)))
+    longest = sorted(range(len(left)), key=lambda i: -longest_text(left[i]))[:TRIM_ITEMS]
+    for i in longest:
+        got_t = await _trim_search(b, edit, rid, left[i])
+        if got_t is None:
+            break  # a step less of this text goes quiet
+        edit, found = got_t
+        if found["quiet_at"] is not None or found["crashes_at"]["units"] > found["step"]:
+            break  # the threshold lies inside this text
+    return (edit, found) if found is not None else None
+
+
+async def _trim_search(
+    b: Bisect, base: Edit, rid: str, item: Any
+) -> tuple[Edit, dict[str, Any]] | None:
+    """The longest prose string of one conversation item, cut from its end."""
+    length = longest_text(item)
+    if length < 2:
+        return None
+    step = max(1, math.ceil(length / b.opts.shrink_steps))
+    n = math.ceil(length / step)
+    key = digest([item])
+    cur = b.best
+
+    def cut_to(j: int) -> Candidate:
+        if j == n:
+            return cur
+        return replace(cur, edit=base.trim(key, min(length, j * step)).text())
+
+    role = _item(item).get("role") or _item(item).get("type") or "item"
+    got = await _least(b, n, cut_to, f"context (text of a {role} item, {step}-character steps)")
+    if got is None:
+        return None
+    edit = base.trim(key, min(length, got.crashes * step))
+    b.improve(replace(cur, edit=edit.text()), "shrink")
+    return edit, {
+        "unit": f"{step}-character step" if step > 1 else "character",
+        "step": step,
+        "item": role,
+        "crashes_at": _measure(b, b.best, rid, min(length, got.crashes * step), True),
+        "quiet_at": _measure(b, cut_to(got.quiet), rid, got.quiet * step, False)
+        if got.quiet
+        else None,
+        "recorded": {"units": length},
+    }
+
+
+async def _cut_search(
+    b: Bisect, base: Edit, kind: Kind, rid: str, content: Any, what: str
+) -> tuple[Edit, dict[str, Any]] | None:
+    """Trailing blocks or characters of request ``rid``."""
+    length = len(content)
+    if length < 2:
+        return None
+    step = 1 if kind is Kind.BLOCKS else max(1, math.ceil(length / b.opts.shrink_steps))
+    n = math.ceil(length / step)
+    cur = b.best
+
+    def cut_to(j: int) -> Candidate:
+        if j == n:
+            return cur
+        return replace(cur, edit=base.cut(rid, min(length, j * step)).text())
+
+    got = await _least(b, n, cut_to, f"{what} of {rid} ({UNIT[kind]}s)")
+    if got is None:
+        return None
+    edit = base.cut(rid, min(length, got.crashes * step))
+    b.improve(replace(cur, edit=edit.text()), "shrink")
+    found = {
+        "request": rid,
+        "unit": UNIT[kind] if step == 1 else f"{step} characters",
+        "crashes_at": _measure(b, b.best, rid, min(length, got.crashes * step), True),
+        "quiet_at": _measure(b, cut_to(got.quiet), rid, got.quiet * step, False)
+        if got.quiet
+        else None,
+        "recorded": {"units": length},
+    }
+    return edit, found
+
+
+def _measure(b: Bisect, cand: Candidate, rid: str, units: int, crashed: bool) -> dict[str, Any]:
+    """``units`` and the request's prompt tokens: the trace's own count for
+    token-id prompts (exact), else what the server reported when it answered
+    (a quiet run), else the trace's estimate."""
+    trace, rows = b.derived(cand)
+    row = next(r for r in rows if trace.column("request_id")[r] == rid)
+    tokens = trace.column("input_tokens")[row]
+    exact = Kind(trace.column("kind")[row]) is Kind.BLOCKS
+    measured = None if exact or crashed else b.served_prompt_tokens(cand, rid)
+    return {
+        "units": units,
+        "prompt_tokens": measured if measured is not None else tokens,
+        "tokens_from": "trace" if exact else ("server" if measured is not None else "estimate"),
+    }
+
+
+def threshold_line(report: dict[str, Any]) -> str:
+    """One line for people: "crashes at >= 327,680 prompt tokens, not at 327,168"."""
+    parts = []
+    ctx = report.get("context")
+    if ctx:
+        parts.append(_line(ctx, "prompt tokens"))
+    for p in report.get("providers", ()):
+        parts.append(f"its prefix-cache source {p['request']} " + _line(p, "tokens"))
+    mt = report.get("max_tokens")
+    if mt:
+        parts.append(
+            f"max_tokens {mt['crashes_at']:,} crashes"
+            + (f", {mt['quiet_at']:,} does not" if mt.get("quiet_at") else "")
+            + f" (recorded {mt['recorded']:,})"
+        )
+    return "; ".join(parts) or "nothing inside the requests could go"
+
+
+def _line(found: dict[str, Any], what: str) -> str:
+    c, q = found["crashes_at"], found.get("quiet_at")
+    unit = found["unit"]
+
+    def size(m: dict[str, Any]) -> str:
+        if m.get("prompt_tokens"):
+            approx = "~" if m.get("tokens_from") == "estimate" else ""
+            return f"{approx}{m['prompt_tokens']:,} {what}"
+        return f"{m['units']:,} {unit}s"
+
+    def turns(m: dict[str, Any]) -> str:
+        return f" ({m['units']} turn(s) of history)" if unit == "turn" else ""
+
+    if not q:
+        return f"still crashes at {size(c)}{turns(c)}, the least it could be cut to"
+    return f"crashes at >= {size(c)}{turns(c)}, not at {size(q)}{turns(q)}"
