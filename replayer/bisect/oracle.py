@@ -20,6 +20,7 @@ quiet run dismisses a candidate.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -402,6 +403,8 @@ class Oracle:
             for r in self.records.get(full.key(), [])
             if r.trial <= clock and r.outcome is not Outcome.INFRA
         ]
+        costs = self.trial_costs()
+        crash_cost = costs[0] / costs[1] if costs and costs[1] > 0 else 1.0
         if binary_first:
             lo, hi = await binary_prefix(n, run)
             # Re-run the longest prefix found quiet, once dismissed on one run:
@@ -413,7 +416,26 @@ class Oracle:
                     break
             else:
                 return hi
-        return await bayes_prefix(n, run, [*before, *seen])
+        return await bayes_prefix(n, run, [*before, *seen], crash_cost=max(1.0, crash_cost))
+
+    def trial_costs(self) -> tuple[float, float] | None:
+        """Mean seconds of a trial that follows a failure (it restarts the
+        server first: a model load) and of one that follows a pass, from the
+        journal; a kind not seen yet takes the mean of all. None with fewer
+        than two timed trials."""
+        hist = [r for r in self.history() if r.duration_s > 0]
+        if len(hist) < 2:
+            return None
+        failed = (Outcome.MATCH, Outcome.OTHER_FAILURE)
+        pairs = list(itertools.pairwise(hist))
+        after_fail = [b.duration_s for a, b in pairs if a.outcome in failed]
+        after_pass = [b.duration_s for a, b in pairs if a.outcome not in failed]
+        every = [r.duration_s for r in hist]
+
+        def mean(xs: list[float]) -> float:
+            return sum(xs or every) / len(xs or every)
+
+        return mean(after_fail), mean(after_pass)
 
     def _decide(self, key: str, value: bool) -> bool:
         self.verdicts[key] = value

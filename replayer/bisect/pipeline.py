@@ -40,7 +40,6 @@ the main target and the control alike. The passes are in
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import sys
 import time
@@ -314,6 +313,24 @@ class Bisect:
             f"~{left} trials left{self._eta(left)} | {elapsed:,.0f}s"
         )
 
+    def plan(self) -> str:
+        """What is left to run and what it should cost: said once calibration
+        has timed the first trials (a crash, then the restart after it)."""
+        left = [s for s in STAGES if s in self.opts.stages and s not in self.stages_done]
+        if self.opts.confirm:
+            left.append(f"confirm ({self.opts.confirm} runs)")
+            if self.control is not None:
+                left.append(f"control ({self.opts.confirm} runs)")
+        n = self._projection()
+        costs = self.oracle.trial_costs()
+        per = (
+            f"; a trial takes ~{_duration(costs[0])} after a crash (restart included), "
+            f"~{_duration(costs[1])} after a pass"
+            if costs
+            else ""
+        )
+        return f"== plan: {', '.join(left) or 'nothing'}: ~{n} trials{self._eta(n)}{per}"
+
     def _eta(self, left: int) -> str:
         """`` (~12 min)``: ``left`` trials at the measured cost of a trial
         after a crash (it restarts the server: a model load) and after a
@@ -456,6 +473,8 @@ class Bisect:
                     await _stages.calibrate(self)
                 await passes[name](self)
                 self.stages_done.append(name)
+                if name == "calibrate":
+                    self.say(self.plan())
             if self.opts.confirm:
                 await _confirm.confirm(self)
                 self.stages_done.append("confirm")
@@ -502,23 +521,15 @@ async def run_bisect(b: Bisect) -> BisectResult:
 def expected_seconds(oracle: Oracle, left: int) -> float | None:
     """Wall time of ``left`` more trials, from the journal: a trial that
     follows a failure restarts the server first, so the two kinds are timed
-    apart and mixed by the pooled crash rate (the chance the next trial
-    follows a failure). None with fewer than two timed trials."""
-    hist = [r for r in oracle.history() if r.duration_s > 0]
-    if len(hist) < 2 or left <= 0:
+    apart (:meth:`Oracle.trial_costs`) and mixed by the pooled crash rate
+    (the chance the next trial follows a failure). None with fewer than two
+    timed trials."""
+    costs = oracle.trial_costs()
+    if costs is None or left <= 0:
         return None
-    failed = (Outcome.MATCH, Outcome.OTHER_FAILURE)
-    pairs = list(itertools.pairwise(hist))
-    after_fail = [b.duration_s for a, b in pairs if a.outcome in failed]
-    after_pass = [b.duration_s for a, b in pairs if a.outcome not in failed]
-    every = [r.duration_s for r in hist]
-
-    def mean(xs: list[float]) -> float:
-        return sum(xs or every) / len(xs or every)
-
     k, n = oracle.crash_rate()
     f = k / n if n else 0.5
-    return left * (f * mean(after_fail) + (1 - f) * mean(after_pass))
+    return left * (f * costs[0] + (1 - f) * costs[1])
 
 
 def _duration(seconds: float) -> str:

@@ -157,6 +157,32 @@ def _expected_entropy(
     return pc * crash.entropy() + (1.0 - pc) * quiet.entropy()
 
 
+EQUAL_INFORMATION = 0.05
+"""Probes whose expected information is within this fraction of the best
+count as equal: among them, the one likeliest to pass is run."""
+
+
+def _pick(
+    n: int,
+    a: float,
+    b: float,
+    runs: list[tuple[int, bool]],
+    choices: list[int],
+    post: _Posterior,
+    crash_cost: float,
+) -> int:
+    """The probe removing the most entropy in expectation; with
+    ``crash_cost`` > 1 (a crash costs the next trial a server restart),
+    among probes of about equal information the one least likely to crash."""
+    h = post.entropy()
+    gain = {j: h - _expected_entropy(n, a, b, runs, j, post) for j in choices}
+    top = max(gain.values())
+    if crash_cost <= 1.0 or top <= 0:
+        return max(choices, key=gain.__getitem__)
+    equal = [j for j in choices if gain[j] >= (1 - EQUAL_INFORMATION) * top]
+    return min(equal, key=post.p_crash)
+
+
 async def bayes_prefix(
     n: int,
     probe: Callable[[int], Awaitable[int | None]],
@@ -164,6 +190,7 @@ async def bayes_prefix(
     *,
     confidence: float = 0.99,
     max_probes: int = 1000,
+    crash_cost: float = 1.0,
 ) -> int:
     """The shortest crashing prefix under a flaky crash: Bayesian bisection
     for one-sided noise (MINIMIZE.md §4.1), with the crash rate unknown.
@@ -179,9 +206,11 @@ async def bayes_prefix(
     Each probe goes where the expected entropy of the posterior after it is
     lowest, among the quartiles, the points just below them and the
     shortest crashing length (a run there only measures p, which is worth it
-    when p is the doubt). The search ends when one length holds
-    ``confidence`` of the mass; a crash is never overruled, so the answer is
-    never shorter than h*."""
+    when p is the doubt); with ``crash_cost`` > 1 (a crash costs the next
+    trial a server restart), among probes of about equal information the one
+    likelier to pass wins (:data:`EQUAL_INFORMATION`). The search ends
+    when one length holds ``confidence`` of the mass; a crash is never
+    overruled, so the answer is never shorter than h*."""
     a = b = 1.0
     runs: list[tuple[int, bool]] = [(min(j, n), c) for j, c in seen]
     for _ in range(max_probes):
@@ -194,7 +223,7 @@ async def bayes_prefix(
             j = post.quantile(f)
             choices |= {j, max(1, j - 1)}
 
-        j = min(sorted(choices), key=lambda j: _expected_entropy(n, a, b, runs, j, post))
+        j = _pick(n, a, b, runs, sorted(choices), post, crash_cost)
         at = await probe(j)
         runs.append((j, False) if at is None else (min(at, j), True))
     return _Posterior(n, a, b, runs).mode()[0]

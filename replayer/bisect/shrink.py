@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
 UNIT = {Kind.BLOCKS: "block", Kind.TEXT: "character"}
 TRIM_ITEMS = 3
-"""Conversation items whose text is cut, longest first, when dropping turns is not enough."""
+"""Conversation items whose text is cut when dropping turns is not enough:
+the crashing request's own first, then what it shares; longest first."""
 CAP_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
@@ -414,9 +415,16 @@ async def _context(
             }
     # finer than a turn: cut the prose of the longest items left
     trace, rows = b.derived(b.best)
-    left = list(trace.content(next(r for r in rows if trace.column("request_id")[r] == rid)))
-    longest = sorted(range(len(left)), key=lambda i: -longest_text(left[i]))[:TRIM_ITEMS]
-    for i in longest:
+    ids = trace.column("request_id")
+    row = next(r for r in rows if ids[r] == rid)
+    left = list(trace.content(row))
+    # the crashing request's own text first: what it shares with earlier
+    # requests is their prefix-cache hit, which the crash may need
+    shared = {digest([m]) for r in rows if r != row for m in (trace.content(r) or ())}
+    order = sorted(
+        range(len(left)), key=lambda i: (digest([left[i]]) in shared, -longest_text(left[i]))
+    )
+    for i in order[:TRIM_ITEMS]:
         got_t = await _trim_search(b, edit, rid, left[i])
         if got_t is None:
             break  # a step less of this text goes quiet

@@ -30,10 +30,14 @@ class FakeRunner:
     lag: int = 0
     other: frozenset[int] | None = None
     infra: int = 0
+    restart: float = 0.0
+    """Seconds a trial after a failure takes (the server restarts first); a
+    trial after a pass takes 1 s. 0: no durations (every trial reads 0 s)."""
     calls: list[Candidate] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self._failed = False
 
     async def run(self, candidate: Candidate, trial: int, stage: str) -> TrialRecord:
         self.calls.append(candidate)
@@ -53,6 +57,8 @@ class FakeRunner:
             outcome, sig = Outcome.MATCH, "chased"
         elif self.other is not None and self.other <= pos:
             outcome, sig = Outcome.OTHER_FAILURE, "other"
+        took = (self.restart if self._failed else 1.0) if self.restart else 0.0
+        self._failed = outcome in (Outcome.MATCH, Outcome.OTHER_FAILURE)
         return TrialRecord(
             trial=trial,
             key=candidate.key(),
@@ -61,4 +67,5 @@ class FakeRunner:
             outcome=outcome,
             signature=sig,
             reached=reached,
+            duration_s=took,
         )

@@ -325,10 +325,12 @@ def cache_hit_fault(
     it. R alone hits nothing, R after an older turn hits less than C (their
     prompts are shorter than C), no other request is as long: so {previous
     turn, R} is the one minimal crashing set. With ``room`` the prompt
-    threshold is one token above the second-longest prompt instead of R's
+    threshold is one token above the next-longest candidate instead of R's
     own length: the same one set, and R can lose that much and still crash
-    (what a shrink stage finds). Raises ValueError when the trace has no
-    such shape."""
+    (what a shrink stage finds). The longest other prompt that gets a hit of
+    at least C bounds it (a hit cannot grow in a smaller replay), and so does
+    C: the prompt must reach past its hit. Raises ValueError when the trace
+    has no such shape."""
     rows = [r for r in results if r.get("status") == "ok"]
 
     def num(r: Mapping[str, object], key: str) -> int:
@@ -351,9 +353,13 @@ def cache_hit_fault(
     hit = num(trig, "cached_tokens")
     if any(num(r, "prompt_tokens") >= hit for r in same if num(r, "turn") < turn - 1):
         raise ValueError("an older turn alone gives the trigger its hit")
-    need = (
-        num(rows[-2], "prompt_tokens") + 1 if room and len(rows) > 1 else num(trig, "prompt_tokens")
-    )
+    need = num(trig, "prompt_tokens")
+    if room:
+        # only a request with the hit could crash: the prompt threshold may
+        # go down to one token above the longest of those
+        rivals = [num(r, "prompt_tokens") for r in rows[:-1] if num(r, "cached_tokens") >= hit]
+        need = max([*rivals, hit]) + 1
+
     rule = f"raise gpu={gpu} when prompt_tokens>={need} and cached_tokens>={hit}"
     return CacheHitFault(
         rule, str(trig["request_id"]), (str(prev[0]["request_id"]), str(trig["request_id"]))

@@ -11,6 +11,7 @@ import asyncio
 import math
 import os
 import random
+import re
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -155,9 +156,24 @@ def probes_of_binary_search(n: int, h_star: int) -> int:
 async def test_every_stage_with_a_fake_runner(trace, tmp_path):
     out = tmp_path / "b"
     runner, control = PlantedPair(), PlantedPair(pair=("nowhere",))
+    said: list[str] = []
     b = bisect(trace, out, runner, control=Control("clean", control))
+    b.say = said.append
     with no_processes_or_sockets():
         res = await run_bisect(b)
+    # the plan, once calibration has timed its trials: what is left, and its cost
+    plans = [m for m in said if m.startswith("== plan:")]
+    assert len(plans) == 1 and said.index(plans[0]) == 1 + said.index(next(
+        m for m in said if m.startswith("== calibrate:")
+    ))  # fmt: skip
+    assert re.fullmatch(
+        r"== plan: cut, prefix, sessions, turns, shrink, timing, confirm \(4 runs\), "
+        r"control \(4 runs\): ~\d+ trials"
+        # in-process trials take about 0 s: timed only when they read above it
+        r"( \(~\d+ s\); a trial takes ~\d+ s after a crash \(restart included\), "
+        r"~\d+ s after a pass)?",
+        plans[0],
+    ), plans[0]
 
     assert res.status == "complete"
     assert ids_of(trace, b, res.best.positions) == list(PAIR)

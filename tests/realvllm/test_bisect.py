@@ -32,7 +32,9 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
     res = cli(
         "synth",
         *("-o", trace, "--sessions", 3, "--turns", 3, "--context", 3000),
-        *("--system-tokens", 500, "--max-tokens", 16, "--seed", 3),
+        # one output token: the fault is in prefill, and the shrink stage's
+        # max_tokens search (a crash, so a restart) has nothing to do
+        *("--system-tokens", 500, "--max-tokens", 1, "--seed", 3),
     )
     assert res.returncode == 0, res.stderr
     vllm_shared.reset_prefix_cache()
@@ -66,7 +68,7 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         trace,
         *("--launch", launch(free_port()), "--model", "tiny-llama", "--timing", "asap"),
         *("--out", out, "--calibrate", 1, "--confirm", 1, "--reset", "prefix-cache"),
-        *("--stages", "calibrate,cut,prefix,sessions,turns,shrink", "--shrink-steps", 8),
+        *("--stages", "calibrate,cut,prefix,sessions,turns,shrink", "--shrink-steps", 64),
         timeout=1200,
     )
     took = time.monotonic() - started
@@ -92,14 +94,18 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
             f"  trial {t['trial']} {t['stage']} {t['size']} -> {t['outcome']} {t['duration_s']} s"
         )
 
-    # the shrink: every shrunk body was one real vLLM accepted (no INVALID),
-    # and the bundle's R is shorter than recorded, still over both thresholds
+    # the shrink: every shrunk body was one real vLLM accepted (no INVALID);
+    # R's own text was cut to one step above the prompt threshold, and the
+    # run one step below it, quiet, was measured by the server below it
     shrunk = [t for t in trials if t["stage"] == "shrink"]
     assert shrunk and {t["outcome"] for t in shrunk} <= {"MATCH", "PASS"}
     report = manifest["shrink"]
-    print(f"  shrunk: {report['text']}")
-    assert report["request"] == fault.trigger and report["max_tokens"]["crashes_at"] == 1
-    assert report["context"]["quiet_at"]["tokens_from"] == "server"
+    print(f"  shrunk: {report['text']} (rule: {rule})")
+    assert report["request"] == fault.trigger and "max_tokens" not in report
+    ctx = report["context"]
+    assert ctx["quiet_at"]["tokens_from"] == "server"
+    quiet = ctx["quiet_at"]["prompt_tokens"]
+    assert quiet < need_prompt
     vllm_shared.reset_prefix_cache()
     again = cli(
         "replay",
@@ -114,6 +120,7 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         if x["request_id"] == fault.trigger
     )
     assert need_prompt <= r["prompt_tokens"] < recorded["prompt_tokens"]
+    assert r["prompt_tokens"] - quiet <= ctx["step"]  # one step of text: at most that many tokens
     assert r["cached_tokens"] >= need_hit
 
     # the bundle, on a fresh server with the same fault, in one command

@@ -36,10 +36,13 @@ def test_cache_hit_fault_names_the_longest_request_and_its_previous_turn():
     assert f.rule == "raise gpu=hip when prompt_tokens>=3800 and cached_tokens>=2432"
     assert f.trigger == "a2"
     assert f.culprits == ("a1", "a2")
-    # with room for a shrink: one token above the second-longest prompt (b2)
+    # with room for a shrink: past the hit, as no other request gets one as large
     roomy = cache_hit_fault(RUN, room=True)
-    assert roomy.rule == "raise gpu=hip when prompt_tokens>=3701 and cached_tokens>=2432"
+    assert roomy.rule == "raise gpu=hip when prompt_tokens>=2433 and cached_tokens>=2432"
     assert roomy.culprits == f.culprits
+    # ... or one token above the longest other request that does
+    rival = cache_hit_fault([*RUN, row("c2", "c", 2, 3000, 2500)], room=True)
+    assert rival.rule == "raise gpu=hip when prompt_tokens>=3001 and cached_tokens>=2432"
 
 
 def test_cache_hit_fault_refuses_a_trace_without_one_minimal_pair():
