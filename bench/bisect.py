@@ -309,27 +309,25 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
             (1000, 5, 0.5),
             (200, 8, 0.3),
         ):
-            for now in (False, True):
-                got = [r for s in range(seeds) if (r := asyncio.run(one(Path(d), s, n, k, p, now)))]
-                out[f"n={n} k={k} p={p} {'now' if now else 'before'}"] = {
+            # restart 12: a trial after a crash costs 12 quiet ones (vLLM on CPU:
+            # ~55 s against ~4.5 s after a pass), for the tie-break among probes
+            for label, now, restart in (
+                ("before", False, 0),
+                ("now", True, 0),
+                ("now, restart x12", True, 12),
+            ):
+                got = [
+                    r
+                    for s in range(seeds)
+                    if (r := asyncio.run(one(Path(d), s, n, k, p, now, restart)))
+                ]
+                out[f"n={n} k={k} p={p} {label}"] = {
                     "searches": len(got),
                     "exact": sum(e for e, _, _ in got),
                     "trials_mean": round(statistics.mean(t for _, t, _ in got), 1),
                     "trials_max": max(t for _, t, _ in got),
                     "restarts_mean": round(statistics.mean(c for _, _, c in got), 2),
                 }
-            # a restart costing 12 quiet trials (vLLM on CPU: ~55 s against ~4.5 s
-            # after a pass): the tie-break among equally informative probes
-            got = [
-                r for s in range(seeds) if (r := asyncio.run(one(Path(d), s, n, k, p, True, 12)))
-            ]
-            out[f"n={n} k={k} p={p} now, restart x12"] = {
-                "searches": len(got),
-                "exact": sum(e for e, _, _ in got),
-                "trials_mean": round(statistics.mean(t for _, t, _ in got), 1),
-                "trials_max": max(t for _, t, _ in got),
-                "restarts_mean": round(statistics.mean(c for _, _, c in got), 2),
-            }
     return out
 
 

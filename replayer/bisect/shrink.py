@@ -405,14 +405,16 @@ async def _context(
         if got is not None:
             edit = replace(base, drop=(*base.drop, *digests[: k + 1 - got.crashes]))
             b.improve(replace(cur, edit=edit.text()), "shrink")
-            found = {
-                "unit": "turn",
-                "crashes_at": _measure(b, b.best, rid, got.crashes - 1, True),
-                "quiet_at": _measure(b, keeping(got.quiet), rid, got.quiet - 1, False)
-                if got.quiet
-                else None,
-                "recorded": {"units": k},
-            }
+            found = _anchored(
+                {
+                    "unit": "turn",
+                    "crashes_at": _measure(b, b.best, rid, got.crashes - 1, True),
+                    "quiet_at": _measure(b, keeping(got.quiet), rid, got.quiet - 1, False)
+                    if got.quiet
+                    else None,
+                    "recorded": {"units": k},
+                }
+            )
     # finer than a turn: cut the prose of the longest items left
     trace, rows = b.derived(b.best)
     ids = trace.column("request_id")
@@ -457,16 +459,18 @@ async def _trim_search(
         return None
     edit = base.trim(key, min(length, got.crashes * step))
     b.improve(replace(cur, edit=edit.text()), "shrink")
-    return edit, {
-        "unit": f"{step}-character step" if step > 1 else "character",
-        "step": step,
-        "item": role,
-        "crashes_at": _measure(b, b.best, rid, min(length, got.crashes * step), True),
-        "quiet_at": _measure(b, cut_to(got.quiet), rid, got.quiet * step, False)
-        if got.quiet
-        else None,
-        "recorded": {"units": length},
-    }
+    return edit, _anchored(
+        {
+            "unit": f"{step}-character step" if step > 1 else "character",
+            "step": step,
+            "item": role,
+            "crashes_at": _measure(b, b.best, rid, min(length, got.crashes * step), True),
+            "quiet_at": _measure(b, cut_to(got.quiet), rid, got.quiet * step, False)
+            if got.quiet
+            else None,
+            "recorded": {"units": length},
+        }
+    )
 
 
 async def _cut_search(
@@ -490,22 +494,26 @@ async def _cut_search(
         return None
     edit = base.cut(rid, min(length, got.crashes * step))
     b.improve(replace(cur, edit=edit.text()), "shrink")
-    found = {
-        "request": rid,
-        "unit": UNIT[kind] if step == 1 else f"{step} characters",
-        "crashes_at": _measure(b, b.best, rid, min(length, got.crashes * step), True),
-        "quiet_at": _measure(b, cut_to(got.quiet), rid, got.quiet * step, False)
-        if got.quiet
-        else None,
-        "recorded": {"units": length},
-    }
+    found = _anchored(
+        {
+            "request": rid,
+            "unit": UNIT[kind] if step == 1 else f"{step}-character step",
+            "crashes_at": _measure(b, b.best, rid, min(length, got.crashes * step), True),
+            "quiet_at": _measure(b, cut_to(got.quiet), rid, got.quiet * step, False)
+            if got.quiet
+            else None,
+            "recorded": {"units": length},
+            "step": step,
+        }
+    )
     return edit, found
 
 
 def _measure(b: Bisect, cand: Candidate, rid: str, units: int, crashed: bool) -> dict[str, Any]:
     """``units`` and the request's prompt tokens: the trace's own count for
     token-id prompts (exact), else what the server reported when it answered
-    (a quiet run), else the trace's estimate."""
+    (a quiet run), else the trace's estimate (kept as ``estimate`` too, to
+    place a crashing length next to a measured quiet one)."""
     trace, rows = b.derived(cand)
     row = next(r for r in rows if trace.column("request_id")[r] == rid)
     tokens = trace.column("input_tokens")[row]
@@ -515,7 +523,19 @@ def _measure(b: Bisect, cand: Candidate, rid: str, units: int, crashed: bool) ->
         "units": units,
         "prompt_tokens": measured if measured is not None else tokens,
         "tokens_from": "trace" if exact else ("server" if measured is not None else "estimate"),
+        "estimate": tokens,
     }
+
+
+def _anchored(found: dict[str, Any]) -> dict[str, Any]:
+    """A crashing side known only by the trace's estimate, put next to a
+    quiet side the server counted: the server's count plus the estimated
+    difference (the estimator's own scale is not the model's tokenizer)."""
+    c, q = found["crashes_at"], found.get("quiet_at")
+    if q and c["tokens_from"] == "estimate" and q["tokens_from"] == "server":
+        c = {**c, "prompt_tokens": q["prompt_tokens"] + max(1, c["estimate"] - q["estimate"])}
+        found = {**found, "crashes_at": c}
+    return found
 
 
 def threshold_line(report: dict[str, Any]) -> str:

@@ -191,7 +191,12 @@ async def test_exact_subset_for_a_trigger_that_needs_two_sessions(tmp_path):
     # at 2x still, while asap makes it a race the timing stage must not trade
     # the reliable timing for, so it is not offered here
     opts = BisectOptions(
-        calibrate_matches=2, calibrate_runs=4, confirm=2, speedups=(2.0,), try_asap=False
+        stages=("calibrate", "cut", "prefix", "sessions", "turns", "timing"),  # no shrink
+        calibrate_matches=2,
+        calibrate_runs=4,
+        confirm=2,
+        speedups=(2.0,),
+        try_asap=False,
     )
     b, res, m = await bisect(
         tmp_path,

@@ -111,6 +111,7 @@ async def test_context_and_the_cache_hit_shrink_to_their_thresholds(tmp_path):
         "units": 94,
         "prompt_tokens": 1504,
         "tokens_from": "trace",
+        "estimate": 1504,
     }
     readme = (out / "bundle" / "README.md").read_text()
     assert "crashes at >= 1,504 prompt tokens, not at 1,488" in readme

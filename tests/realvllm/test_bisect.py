@@ -105,7 +105,8 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
     ctx = report["context"]
     assert ctx["quiet_at"]["tokens_from"] == "server"
     quiet = ctx["quiet_at"]["prompt_tokens"]
-    assert quiet < need_prompt
+    # the crashing side: the server's quiet count plus the estimated step
+    assert quiet < need_prompt and quiet < ctx["crashes_at"]["prompt_tokens"]
     vllm_shared.reset_prefix_cache()
     again = cli(
         "replay",
