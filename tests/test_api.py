@@ -65,7 +65,7 @@ def test_the_readme_example_replays_and_bisects(tmp_path, monkeypatch, capsys):
     assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 44 trials"
     # the oracle's threshold is 100,000 bytes of JSON: in the trace's token estimate
     assert out[4] == (
-        "crashes at >= ~23,527 prompt tokens, not at ~23,496 prompt tokens; "
+        "crashes at >= ~23,506 prompt tokens, not at ~23,498 prompt tokens; "
         "max_tokens 1 crashes (recorded 64)"
     )
 

@@ -101,6 +101,7 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
     assert shrunk and {t["outcome"] for t in shrunk} <= {"MATCH", "PASS"}
     report = manifest["shrink"]
     print(f"  shrunk: {report['text']} (rule: {rule})")
+    assert f"shrunk: {report['text']}" in bis.stdout  # the CLI's last lines say it too
     assert report["request"] == fault.trigger and "max_tokens" not in report
     ctx = report["context"]
     assert ctx["quiet_at"]["tokens_from"] == "server"
@@ -122,6 +123,10 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
     )
     assert need_prompt <= r["prompt_tokens"] < recorded["prompt_tokens"]
     assert r["prompt_tokens"] - quiet <= ctx["step"]  # one step of text: at most that many tokens
+    print(
+        f"  the shrunk trigger on a clean vLLM: {r['prompt_tokens']} prompt tokens, "
+        f"{r['cached_tokens']} cached"
+    )
     assert r["cached_tokens"] >= need_hit
 
     # the bundle, on a fresh server with the same fault, in one command
