@@ -350,7 +350,7 @@ class Bisect:
                 )
             elif s == "shrink":
                 # max_tokens on a doubling grid, the context, a provider: ~3 short searches
-                probes += 3 * (4 + self.opts.prefix_recheck)
+                probes += 3 * (4 + min(1, self.opts.prefix_recheck))
             elif s == "timing":
                 probes += len(self.opts.speedups) + max(2, self.opts.calibrate_matches)
         return (
@@ -367,11 +367,8 @@ class Bisect:
             return self.trace, rows
         got = self._derived.get(cand.key())
         if got is None:
-            from replayer.bisect.shrink import Edit, materialize
-
-            t = materialize(
-                self.trace, rows, Edit.parse(cand.edit), self.out / "shrunk" / f"{cand.key()}.arrow"
-            )
+            path = self.out / "shrunk" / f"{cand.key()}.arrow"
+            t = _shrink.materialize(self.trace, rows, _shrink.Edit.parse(cand.edit), path)
             if len(self._derived) >= 16:
                 self._derived.pop(next(iter(self._derived)))
             got = self._derived[cand.key()] = (t, list(t.order))
