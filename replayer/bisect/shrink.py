@@ -54,9 +54,11 @@ if TYPE_CHECKING:
     from replayer.bisect.pipeline import Bisect
 
 UNIT = {Kind.BLOCKS: "block", Kind.TEXT: "character"}
-TRIM_ITEMS = 3
+TRIM_ITEMS = 8
 """Conversation items whose text is cut when dropping turns is not enough:
-the crashing request's own first, then what it shares; longest first."""
+the crashing request's own first, then what it shares; longest first. Each
+first loses all its text (one trial): only one that then goes quiet is
+searched, so an item that does not matter costs one trial."""
 CAP_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
@@ -281,9 +283,9 @@ class _Search:
 
 async def _least(
     b: Bisect, n: int, make: Callable[[int], Candidate], what: str, *, low_first: bool = False
-) -> _Search | None:
+) -> _Search:
     """The least j in 1..n whose candidate crashes (``make(n)`` is the
-    current best), or None when nothing shorter than n does. ``low_first``
+    current best: j = n when nothing shorter does). ``low_first``
     tries j = 1 first (one trial when the answer is the least there is).
     One re-check of the longest quiet length (not the prefix stage's
     ``prefix_recheck``): each search here pays it again."""
@@ -314,7 +316,7 @@ async def _least(
         recs = b.oracle.records.get(make(j - 1).key(), [])
         if recs and not any(r.outcome is Outcome.MATCH for r in recs):
             below = j - 1
-    return _Search(j, below) if j < n else None
+    return _Search(j, below)
 
 
 async def shrink(b: Bisect) -> None:
@@ -345,9 +347,10 @@ async def shrink(b: Bisect) -> None:
             return replace(cur, edit=replace(base, max_tokens=grid[j - 1]).text())
 
         got = await _least(b, len(grid), with_cap, "max_tokens", low_first=True)
-        if got is not None:
-            base = replace(base, max_tokens=grid[got.crashes - 1])
-            b.improve(replace(cur, edit=base.text()), "shrink")
+        if got.crashes < len(grid) or got.quiet:
+            if got.crashes < len(grid):
+                base = replace(base, max_tokens=grid[got.crashes - 1])
+                b.improve(replace(cur, edit=base.text()), "shrink")
             report["max_tokens"] = {
                 "crashes_at": grid[got.crashes - 1],
                 "quiet_at": grid[got.quiet - 1] if got.quiet else None,
@@ -402,7 +405,7 @@ async def _context(
             return replace(cur, edit=replace(base, drop=(*base.drop, *digests[: k + 1 - j])).text())
 
         got = await _least(b, k + 1, keeping, "context (turns of history)")
-        if got is not None:
+        if got.crashes <= k or got.quiet:
             edit = replace(base, drop=(*base.drop, *digests[: k + 1 - got.crashes]))
             b.improve(replace(cur, edit=edit.text()), "shrink")
             found = _anchored(
@@ -424,12 +427,13 @@ async def _context(
     # requests is their prefix-cache hit, which the crash may need
     shared = {digest([m]) for r in rows if r != row for m in (trace.content(r) or ())}
     order = sorted(
-        range(len(left)), key=lambda i: (digest([left[i]]) in shared, -longest_text(left[i]))
+        (i for i in range(len(left)) if longest_text(left[i]) >= 2),
+        key=lambda i: (digest([left[i]]) in shared, -longest_text(left[i])),
     )
     for i in order[:TRIM_ITEMS]:
         got_t = await _trim_search(b, edit, rid, left[i])
         if got_t is None:
-            break  # a step less of this text goes quiet
+            continue  # no run said where inside this text
         edit, found = got_t
         if found["quiet_at"] is not None or found["crashes_at"]["units"] > found["step"]:
             break  # the threshold lies inside this text
@@ -454,10 +458,12 @@ async def _trim_search(
         return replace(cur, edit=base.trim(key, min(length, j * step)).text())
 
     role = _item(item).get("role") or _item(item).get("type") or "item"
-    got = await _least(b, n, cut_to, f"context (text of a {role} item, {step}-character steps)")
-    if got is None:
-        return None
-    edit = base.trim(key, min(length, got.crashes * step))
+    got = await _least(
+        b, n, cut_to, f"context (text of a {role} item, {step}-character steps)", low_first=True
+    )
+    if got.crashes == n and not got.quiet:
+        return None  # no run said where: nothing to report
+    edit = base.trim(key, min(length, got.crashes * step)) if got.crashes < n else base
     b.improve(replace(cur, edit=edit.text()), "shrink")
     return edit, _anchored(
         {
@@ -490,9 +496,9 @@ async def _cut_search(
         return replace(cur, edit=base.cut(rid, min(length, j * step)).text())
 
     got = await _least(b, n, cut_to, f"{what} of {rid} ({UNIT[kind]}s)")
-    if got is None:
+    if got.crashes == n and not got.quiet:
         return None
-    edit = base.cut(rid, min(length, got.crashes * step))
+    edit = base.cut(rid, min(length, got.crashes * step)) if got.crashes < n else base
     b.improve(replace(cur, edit=edit.text()), "shrink")
     found = _anchored(
         {
