@@ -30,6 +30,7 @@ from replayer.emulator.parsing import (
     Generation,
     check_limits,
     check_tools,
+    fast_token_prompt,
     out_of_vocabulary,
     parse_generation,
     parse_json_body,
@@ -159,10 +160,17 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     raw, fields = await intake(request, rt)
     xrid = fields["request_id"]
     try:
-        body = parse_json_body(raw, request.headers.get("Content-Type"))
-        fields["model"] = body.get("model") if isinstance(body.get("model"), str) else None
-        fields["stream"] = bool(body.get("stream"))
-        g = parse_generation(body, chat, cfg)
+        ctype = request.headers.get("Content-Type")
+        fast = None if chat else fast_token_prompt(raw, ctype)
+        g = None
+        if fast is not None:
+            with contextlib.suppress(ApiError):  # its errors quote the body: parse it whole
+                g = parse_generation(fast[0], chat, cfg, fast[1])
+        if g is None:
+            body = parse_json_body(raw, ctype)
+            fields["model"] = body.get("model") if isinstance(body.get("model"), str) else None
+            fields["stream"] = bool(body.get("stream"))
+            g = parse_generation(body, chat, cfg)
         fields["model"], fields["stream"] = g.model, g.stream
         if g.model not in cfg.served_model_names:
             names = ", ".join(cfg.served_model_names)

@@ -30,6 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
 from replayer.emulator import tokenizer
@@ -234,8 +235,57 @@ class Generation:
         return tokenizer.count(self.stream_bytes)
 
 
-def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> Generation:
-    """Field validation and tokenization (no limits, no model check)."""
+_PROMPT_KEY = b'"prompt":['
+_DIGITS_AND_COMMAS = b"0123456789,"
+
+
+def fast_token_prompt(raw: bytes, content_type: str | None) -> tuple[dict[str, Any], bytes] | None:
+    """A completion body whose prompt is one array of same-width token ids
+    (what replayer sends for ``blocks`` traces), parsed without building a
+    Python int per id: the array's digits are read as a matrix, the rest of
+    the body by orjson. Returns the body (its prompt a placeholder) and the
+    prompt's token stream, or None for anything else: the full parse then
+    decides, with vLLM's exact errors."""
+    if (content_type or "").split(";", 1)[0].strip().lower() != "application/json":
+        return None
+    start = raw.find(_PROMPT_KEY)
+    if start <= 0 or raw.find(_PROMPT_KEY, start + 1) != -1 or raw[start - 1] == 0x5C:
+        return None
+    lo = start + len(_PROMPT_KEY)
+    end = raw.find(b"]", lo)
+    if end <= lo:
+        return None
+    span = raw[lo:end]
+    if span.translate(None, _DIGITS_AND_COMMAS):
+        return None  # whitespace, signs, floats, nesting: not the fast shape
+    n = span.count(b",") + 1
+    width, rem = divmod(len(span) + 1, n)
+    if rem or not 1 <= width - 1 <= 19:
+        return None
+    rows = np.frombuffer(span + b",", dtype=np.uint8).reshape(n, width)
+    # Only digits and n - 1 commas: a comma ending every row means no comma inside one.
+    if (rows[:, -1] != 0x2C).any() or (width > 2 and (rows[:, 0] == 0x30).any()):
+        return None  # ragged widths, or a leading zero (invalid JSON)
+    cols = rows.T  # digit j of every id, a strided view
+    wide = np.uint64 if width > 10 else np.uint32  # 9 digits fit 32 bits
+    ids = cols[0].astype(wide) - wide(48)
+    for j in range(1, width - 1):
+        ids = ids * wide(10) + cols[j]
+        ids -= wide(48)
+    try:
+        body = orjson.loads(raw[: lo - 1] + b"[0]" + raw[end + 1 :])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or body.get("prompt") != [0]:
+        return None  # the match was not the top-level prompt
+    return body, ids.astype("<u8").tobytes()
+
+
+def parse_generation(
+    body: dict[str, Any], chat: bool, cfg: EmulatorConfig, ids: bytes | None = None
+) -> Generation:
+    """Field validation and tokenization (no limits, no model check);
+    ``ids``: the prompt's token stream when :func:`fast_token_prompt` read it."""
     errors: list[dict[str, Any] | str] = []
     if chat and check_required(body, "messages", list, "list_type", errors):
         for i, m in enumerate(body["messages"]):
@@ -290,9 +340,9 @@ def parse_generation(body: dict[str, Any], chat: bool, cfg: EmulatorConfig) -> G
         stream_bytes = tokenizer.chat_stream(body["messages"])
         token_ids = False
     else:
-        stream_bytes, token_ids = _completion_prompt(body)
+        stream_bytes, token_ids = (ids, True) if ids is not None else _completion_prompt(body)
         if token_ids and stream_bytes:
-            top = max(tokenizer.token_ids(stream_bytes))
+            top = int(np.frombuffer(stream_bytes, dtype="<u8").max())
             oov = top if top >= cfg.vocab_size else None
     requested = body.get("max_completion_tokens") if chat else None
     if requested is None:
@@ -415,10 +465,8 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[bytes, bool]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return tokenizer.text_stream(prompt), False
-    if isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
-        if any(t < 0 for t in prompt):
+    if isinstance(prompt, list) and set(map(type, prompt)) == {int}:
+        if min(prompt) < 0:
             raise validation_error(_negative_ids(prompt))
         big = max(prompt)
         if big > MAX_ID:  # beyond any vocabulary and any 64-bit id

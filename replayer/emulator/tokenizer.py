@@ -20,19 +20,26 @@ tokens, so every token is a 64-bit id with a fixed meaning:
 
 A prompt is held as its token stream: ``n`` ids as ``8 * n`` little-endian
 bytes. Building it is a handful of C-level slice copies, so a 300K-token
-prompt costs milliseconds, and full blocks hash as plain byte slices:
-``h_i = blake2b(h_{i-1} || bytes of block i)``, the same chained shape as
-vLLM's block hashes, stable across processes.
+prompt costs milliseconds. Full blocks hash in one vectorized pass, the
+same chained shape as vLLM's block hashes (block ``i``'s hash names the
+whole prompt up to it) and stable across processes: each id is mixed
+(splitmix64's finalizer), a block's fingerprint is a position-weighted sum
+of its mixed ids, and ``h_i = h_{i-1} * R + f_i`` (mod 2**64), in two lanes
+with their own constants: 128 bits per block, a 300K-token prompt in about
+a millisecond.
 
 This module must not know about requests, HTTP or the KV cache.
 """
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
 
 TEXT_PIECE_BYTES = 4
 ID_BYTES = 8
@@ -107,16 +114,56 @@ def token_ids(stream: bytes) -> list[int]:
     return out.tolist()
 
 
+_U64 = npt.NDArray[np.uint64]
+_LANES = ((0x9E3779B97F4A7C15, 0xD6E8FEB86659FD93), (0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9))
+"""Per lane: the seed of its position weights and its odd chain multiplier R."""
+
+
+def _mix(x: _U64) -> _U64:
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@cache
+def _weights(block_size: int, lane: int) -> _U64:
+    seed = np.arange(1, block_size + 1, dtype=np.uint64) * np.uint64(_LANES[lane][0])
+    return _mix(seed) | np.uint64(1)
+
+
+_POWERS: dict[int, tuple[_U64, _U64]] = {}
+
+
+def _powers(lane: int, n: int) -> tuple[_U64, _U64]:
+    """``R**k`` and ``R**-k`` (mod 2**64) for k < n, grown by doubling."""
+    have = _POWERS.get(lane)
+    if have is None or len(have[0]) < n:
+        size = max(n, 2 * len(have[0]) if have else 1024)
+        r = _LANES[lane][1]
+        up = np.full(size, r, dtype=np.uint64)
+        up[0] = 1
+        down = np.full(size, pow(r, -1, 1 << 64), dtype=np.uint64)
+        down[0] = 1
+        have = (np.cumprod(up, dtype=np.uint64), np.cumprod(down, dtype=np.uint64))
+        _POWERS[lane] = have
+    return have[0][:n], have[1][:n]
+
+
 def block_hashes(stream: bytes, block_size: int) -> list[bytes]:
     """Chained digests of every *full* block of the stream, in order."""
-    step = block_size * ID_BYTES
-    full = len(stream) // step
-    out: list[bytes] = []
-    prev = b""
-    for i in range(full):
-        prev = hashlib.blake2b(prev + stream[i * step : (i + 1) * step], digest_size=16).digest()
-        out.append(prev)
-    return out
+    full = len(stream) // (block_size * ID_BYTES)
+    if full == 0:
+        return []
+    ids = np.frombuffer(stream, dtype="<u8", count=full * block_size).reshape(full, block_size)
+    mixed = _mix(ids)
+    lanes = []
+    for lane in (0, 1):
+        f = _mix((mixed * _weights(block_size, lane)).sum(axis=1, dtype=np.uint64))
+        up, down = _powers(lane, full)
+        lanes.append(np.cumsum(f * down, dtype=np.uint64) * up)
+    return np.column_stack(lanes).view("V16").ravel().tolist()
 
 
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -482,12 +482,12 @@ class Trace:
             memo[r] = text
         return text
 
-    def _content_json(self, row: int, kind: Kind, content: Any) -> str:
+    def _content_json(self, row: int, kind: Kind, content: Any) -> str | bytes:
         if kind.itemized:
             return cx.chat_json(content)
         if kind is Kind.TEXT:
             return orjson.dumps(content).decode()
-        return self._prompts.json(
+        return self._prompts.json_bytes(
             content,
             self.column("block_size")[row],
             self.column("input_tokens")[row],

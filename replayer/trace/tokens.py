@@ -25,15 +25,21 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 DEFAULT_TOKEN_RANGE: tuple[int, int] = (10_000, 32_000)
 DEFAULT_SALT = "replayer"
 
 
 def _draw(seed: str, n: int, lo: int, hi: int) -> list[int]:
+    """The documented derivation, one id at a time (the reference the fast
+    path is tested against, and what a stdlib ``repro.py`` does)."""
     span = hi - lo
     raw = hashlib.shake_128(seed.encode()).digest(4 * n)
     return [lo + v % span for v in struct.unpack(f"<{n}I", raw)]
@@ -55,12 +61,22 @@ class TokenSpace:
         if not 0 <= self.lo < self.hi:
             raise ValueError(f"token range [{self.lo}, {self.hi}) is empty or negative")
 
-    def block(self, block_id: int, block_size: int, ns: str | None = None) -> list[int]:
+    def seed(self, block_id: int, block_size: int, ns: str | None = None) -> bytes:
         key = f"{ns}:{block_id}" if ns else str(block_id)
-        return _draw(f"{self.salt}:{key}:{block_size}", block_size, self.lo, self.hi)
+        return f"{self.salt}:{key}:{block_size}".encode()
+
+    def block(self, block_id: int, block_size: int, ns: str | None = None) -> list[int]:
+        return self._ids(self.seed(block_id, block_size, ns), block_size).tolist()  # type: ignore[no-any-return]
 
     def tail(self, request_id: str, n: int) -> list[int]:
-        return _draw(f"{self.salt}:tail:{request_id}", n, self.lo, self.hi) if n > 0 else []
+        if n <= 0:
+            return []
+        return self._ids(f"{self.salt}:tail:{request_id}".encode(), n).tolist()  # type: ignore[no-any-return]
+
+    def _ids(self, seed: bytes, n: int) -> npt.NDArray[np.uint64]:
+        return _offsets(hashlib.shake_128(seed).digest(4 * n), self.hi - self.lo) + np.uint64(
+            self.lo
+        )
 
     @property
     def fixed_width(self) -> int | None:
@@ -69,27 +85,129 @@ class TokenSpace:
         return w if len(str(self.hi - 1)) == w else None
 
 
+def _offsets(raw: bytes, span: int) -> npt.NDArray[np.uint64]:
+    """``v % span`` of each little-endian uint32 of ``raw`` (an id less ``lo``)."""
+    v = np.frombuffer(raw, dtype="<u4")
+    if span < 1 << 32:
+        return (v % np.uint32(span)).astype(np.uint64)
+    return v.astype(np.uint64)
+
+
+class _Digits:
+    """Token ids to their JSON text at C speed: one row of ASCII digits per id
+    of the range (with its comma), gathered by index. A range too wide for a
+    table (over 4M ids) computes digits arithmetically instead."""
+
+    TABLE_MAX = 1 << 22
+
+    def __init__(self, space: TokenSpace) -> None:
+        self.space = space
+        self.width = len(str(space.hi - 1))
+        self.fixed = space.fixed_width is not None
+        span = space.hi - space.lo
+        self._table: npt.NDArray[np.uint8] | None = None
+        self._lens: npt.NDArray[np.int64] | None = None
+        if span <= self.TABLE_MAX:
+            vals = np.arange(space.lo, space.hi, dtype=np.uint64)
+            self._table = self._rows(vals)
+            self._lens = self._widths(vals)
+
+    def _rows(self, vals: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
+        w = self.width
+        rows = np.empty((len(vals), w + 1), dtype=np.uint8)
+        rows[:, w] = ord(",")
+        x = vals.copy()
+        for j in range(w - 1, -1, -1):
+            rows[:, j] = x % np.uint64(10) + np.uint64(48)
+            x //= np.uint64(10)
+        return rows
+
+    def _widths(self, vals: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        nd = np.ones(len(vals), dtype=np.int64)
+        p = 10
+        for _ in range(self.width - 1):
+            nd += vals >= np.uint64(p)
+            p *= 10
+        return nd + 1  # with its comma
+
+    def text(self, off: npt.NDArray[np.uint64]) -> tuple[bytes, npt.NDArray[np.int64] | None]:
+        """The ids ``lo + off`` as ``"a,b,...,z,"`` (a comma after every id) and,
+        when widths vary, each id's byte length with its comma."""
+        if self._table is not None and self._lens is not None:
+            idx = off.astype(np.intp)
+            rows = self._table.take(idx, axis=0)
+            lens = None if self.fixed else self._lens.take(idx)
+        else:
+            ids = off + np.uint64(self.space.lo)
+            rows = self._rows(ids)
+            lens = None if self.fixed else self._widths(ids)
+        if lens is None:
+            return rows.tobytes(), None
+        keep = np.arange(self.width + 1) >= (self.width + 1 - lens)[:, None]
+        return rows[keep].tobytes(), lens
+
+
+@dataclass(slots=True)
+class _Prompt:
+    """A recently built prompt's full blocks: their ids (int64 bytes, for a
+    memcmp common-prefix search), their text joined by commas, and where each
+    block's text ends."""
+
+    ids: bytes
+    text: bytes
+    ends: list[int]
+
+
+class _LRU:
+    """An LRU of byte strings bounded by their total size."""
+
+    def __init__(self, cap_bytes: int) -> None:
+        self.cap = cap_bytes
+        self.size = 0
+        self.items: OrderedDict[object, tuple[int, object]] = OrderedDict()
+
+    def get(self, key: object) -> object | None:
+        hit = self.items.get(key)
+        if hit is None:
+            return None
+        self.items.move_to_end(key)
+        return hit[1]
+
+    def put(self, key: object, value: object, size: int) -> None:
+        old = self.items.pop(key, None)
+        if old is not None:
+            self.size -= old[0]
+        if size > self.cap:
+            return
+        self.items[key] = (size, value)
+        self.size += size
+        while self.size > self.cap:
+            _, (n, _) = self.items.popitem(last=False)
+            self.size -= n
+
+
+PROMPTS_PER_KEY = 4
+"""Recent prompts kept per (namespace, block size, first block): a session and
+the sub-agents that share its start each find their own last turn."""
+
+
 class BlockPrompts:
-    """Builds token-id prompts (as lists or as JSON text) with an LRU of block
-    JSON fragments: agent sessions re-send the same blocks on every turn, so
-    each block is drawn once and its ``"12345,23456,..."`` text is reused."""
+    """Builds token-id prompts (as lists or as JSON text) at memory speed.
 
-    def __init__(self, space: TokenSpace | None = None, cache_blocks: int = 65_536) -> None:
+    Agent sessions re-send their whole context each turn, so a prompt is
+    assembled from the text of the most recent prompt it extends (found by a
+    memcmp common-prefix search among prompts with the same first block) and
+    of the blocks it adds, which come from an LRU of block texts or, missed,
+    are drawn in one vectorized batch. Both caches are bounded by bytes
+    (``cache_bytes``, three quarters for prompts). The bytes are exactly the
+    documented derivation's (tests/trace/test_golden_bodies.py)."""
+
+    def __init__(self, space: TokenSpace | None = None, cache_bytes: int = 512 << 20) -> None:
         self.space = space or TokenSpace()
-        self._cache: OrderedDict[tuple[str | None, int, int], str] = OrderedDict()
-        self._cap = cache_blocks
-
-    def _block_json(self, block_id: int, block_size: int, ns: str | None) -> str:
-        key = (ns, block_id, block_size)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        text = ",".join(map(str, self.space.block(block_id, block_size, ns)))
-        self._cache[key] = text
-        if len(self._cache) > self._cap:
-            self._cache.popitem(last=False)
-        return text
+        self._digits = _Digits(self.space)
+        self._prompts = _LRU(cache_bytes)
+        self.stats = {"reused_blocks": 0, "drawn_blocks": 0}
+        """Where each full block's text came from (for the bench and --verbose)."""
 
     def tokens(
         self,
@@ -107,6 +225,9 @@ class BlockPrompts:
             out.extend(self.space.block(block_ids[full], block_size, ns)[:part])
         return out + self.space.tail(request_id, input_tokens - len(out))
 
+    def _offsets(self, raw: bytes) -> npt.NDArray[np.uint64]:
+        return _offsets(raw, self.space.hi - self.space.lo)
+
     def json(
         self,
         block_ids: Sequence[int],
@@ -116,16 +237,87 @@ class BlockPrompts:
         ns: str | None = None,
     ) -> str:
         """The prompt as a JSON array text, equal to ``orjson.dumps(tokens(...))``."""
+        return self.json_bytes(block_ids, block_size, input_tokens, request_id, ns).decode()
+
+    def json_bytes(
+        self,
+        block_ids: Sequence[int],
+        block_size: int,
+        input_tokens: int,
+        request_id: str,
+        ns: str | None = None,
+    ) -> bytes:
+        """:meth:`json` as bytes, the form a body is spliced from."""
         full, part = divmod(input_tokens, block_size)
-        pieces = [self._block_json(b, block_size, ns) for b in block_ids[:full]]
-        n = min(len(block_ids), full) * block_size
+        nfull = min(len(block_ids), full)
+        head = self._full_blocks(block_ids[:nfull], block_size, ns) if nfull else b""
+        rest: list[bytes | memoryview] = []
+        n = nfull * block_size
         if len(block_ids) > full and part:
-            last = self.space.block(block_ids[full], block_size, ns)[:part]
-            pieces.append(",".join(map(str, last)))
+            raw = hashlib.shake_128(self.space.seed(block_ids[full], block_size, ns)).digest(
+                4 * block_size
+            )
+            rest.append(self._digits.text(self._offsets(raw[: 4 * part]))[0])
             n += part
         if input_tokens > n:
-            pieces.append(",".join(map(str, self.space.tail(request_id, input_tokens - n))))
-        return "[" + ",".join(pieces) + "]"
+            seed = f"{self.space.salt}:tail:{request_id}".encode()
+            raw = hashlib.shake_128(seed).digest(4 * (input_tokens - n))
+            rest.append(self._digits.text(self._offsets(raw))[0])
+        if not rest:
+            return b"".join((b"[", head, b"]"))
+        rest[-1] = memoryview(rest[-1])[:-1]  # no comma after the last id
+        return b"".join((b"[", head, b"," if head else b"", *rest, b"]"))
+
+    def _full_blocks(self, block_ids: Sequence[int], block_size: int, ns: str | None) -> bytes:
+        ids = array("q", block_ids).tobytes()
+        key = (ns, block_size, block_ids[0])
+        recent = self._prompts.get(key)
+        cands: list[_Prompt] = recent if isinstance(recent, list) else []
+        k, best = 0, None
+        for c in cands:
+            m = _common_blocks(ids, c.ids)
+            if m > k:
+                k, best = m, c
+        if best is not None and k == len(block_ids) and len(best.ids) == len(ids):
+            self.stats["reused_blocks"] += k
+            return best.text  # the very same blocks: nothing to build
+        self.stats["reused_blocks"] += k
+        self.stats["drawn_blocks"] += len(block_ids) - k
+        if best is not None and k == len(block_ids):  # a prefix of a longer one
+            text, ends = best.text[: best.ends[k - 1]], best.ends[:k]
+        elif best is None:
+            text, ends = self._draw_blocks(block_ids, block_size, ns)
+        else:
+            new, ends = self._draw_blocks(block_ids[k:], block_size, ns)
+            pos = best.ends[k - 1] + 1
+            text = b"".join((memoryview(best.text)[: pos - 1], b",", new))
+            ends = best.ends[:k] + [pos + e for e in ends]
+        prompt = _Prompt(ids, text, ends)
+        # A prompt that extends an older one replaces it; one that stops short
+        # of it (or forks off it) is kept beside it.
+        stale = best if best is not None and 8 * k == len(best.ids) else None
+        kept = [prompt] + [c for c in cands if c is not stale][: PROMPTS_PER_KEY - 1]
+        self._prompts.put(key, kept, sum(len(c.text) + len(c.ids) + 8 * len(c.ends) for c in kept))
+        return text
+
+    def _draw_blocks(
+        self, block_ids: Sequence[int], block_size: int, ns: str | None
+    ) -> tuple[bytes, list[int]]:
+        """The text of whole blocks drawn in one vectorized batch, and where
+        each block's text ends (exclusive of the comma after it)."""
+        space = self.space
+        pre = (f"{space.salt}:{ns}:" if ns else f"{space.salt}:").encode()
+        suf = b":%d" % block_size
+        nbytes = 4 * block_size
+        shake = hashlib.shake_128
+        raw = b"".join([shake(b"%b%d%b" % (pre, b, suf)).digest(nbytes) for b in block_ids])
+        text, lens = self._digits.text(self._offsets(raw))
+        if lens is None:
+            step = len(text) // len(block_ids)
+            ends = list(range(step - 1, len(text), step))
+        else:
+            ends = (np.cumsum(lens)[block_size - 1 :: block_size] - 1).tolist()
+        return text[:-1], ends
 
     def json_len(self, input_tokens: int) -> int | None:
         """Length of :meth:`json` without building it, when ids have one width."""
@@ -133,6 +325,21 @@ class BlockPrompts:
         if w is None:
             return None
         return 2 + w * input_tokens + max(input_tokens - 1, 0)
+
+
+def _common_blocks(a: bytes, b: bytes) -> int:
+    """How many leading int64 block ids two id strings share (memcmp bisection)."""
+    n = min(len(a), len(b)) // 8
+    if a[: 8 * n] == b[: 8 * n]:
+        return n
+    lo, hi = 0, n  # a[:8*lo] equal, a[:8*hi] not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[: 8 * mid] == b[: 8 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def approx_text_tokens(text: str) -> int:

@@ -228,7 +228,7 @@ class TraceWriter:
     ) -> None:
         self.path = Path(path)
         self.meta = meta
-        self._prompts = BlockPrompts(meta.tokens, cache_blocks=4096)
+        self._prompts = BlockPrompts(meta.tokens, cache_bytes=32 << 20)
         self._schema = arrow_schema(meta.to_metadata())
         self._sink = pa.OSFile(str(self.path), "wb")
         # Dictionaries only grow, so each flush emits a delta; both IPC forms accept them.

@@ -8,6 +8,8 @@ import struct
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replayer.trace.tokens import (
     BlockPrompts,
@@ -62,6 +64,47 @@ def test_json_equals_serialized_tokens_and_length_is_predicted(ids, n):
     text = bp.json(ids, 4, n, "req")
     assert text == orjson.dumps(bp.tokens(ids, 4, n, "req")).decode()
     assert bp.json_len(n) == len(text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(
+            st.integers(0, 3),  # which session
+            st.integers(0, 12),  # blocks it keeps of its last prompt
+            st.integers(0, 4),  # blocks it adds
+            st.integers(0, 7),  # tokens past its last full block
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    space=st.sampled_from([TokenSpace(), TokenSpace(lo=3, hi=1_000), TokenSpace(lo=0, hi=2**40)]),
+    cache=st.sampled_from([0, 2_000, 1 << 20]),
+)
+def test_agent_sessions_build_the_derivation_bytes_through_any_cache(turns, space, cache):
+    """Sessions that grow, cut back, fork and share a start, through caches
+    that hold nothing, a prompt or two, or everything: always the bytes of
+    the token-by-token derivation."""
+    bp = BlockPrompts(space, cache_bytes=cache)
+    ref = BlockPrompts(space)
+    ctx: dict[int, list[int]] = {}
+    fresh = iter(range(1_000, 10_000))
+    for i, (s, keep, add, extra) in enumerate(turns):
+        ids = [0, *ctx.get(s, [])[1:keep], *(next(fresh) for _ in range(add))]
+        ctx[s] = ids
+        n = 4 * len(ids) + extra if extra < 4 else 4 * (len(ids) - 1) + extra
+        ns = "t" if s % 2 else None
+        got = bp.json_bytes(ids, 4, max(n, 1), f"r{i}", ns)
+        assert got == orjson.dumps(ref.tokens(ids, 4, max(n, 1), f"r{i}", ns))
+    assert bp._prompts.size <= cache
+    assert sum(bp.stats.values()) > 0
+
+
+def test_a_turn_reuses_its_session_s_last_prompt():
+    bp = BlockPrompts()
+    bp.json_bytes(list(range(100)), 64, 6_400, "a")
+    bp.json_bytes(list(range(100)) + [7, 8], 64, 6_500, "b")  # 101 whole blocks and 36 ids
+    assert bp.stats == {"reused_blocks": 100, "drawn_blocks": 101}
 
 
 def test_fixed_width_only_for_single_width_ranges():
