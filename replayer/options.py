@@ -145,6 +145,14 @@ POLICY = Group(
             help="token ids for blocks payloads, e.g. 1000:150000",
         ),
         Opt("save_output", None, False, "keep response texts in results", flag=True),
+        Opt(
+            "body_cache_mb",
+            int,
+            512,
+            "memory for the text of recent token-id prompts, which later turns "
+            "extend (default 512)",
+            "MB",
+        ),
     ),
 )
 
@@ -425,6 +433,7 @@ def replay_policy(values: Mapping[str, Any]) -> ReplayPolicy:
             session_header=None if header is None or header.lower() == "none" else header,
             token_range=token_range,
             save_output=bool(v["save_output"]),
+            body_cache_mb=int(v["body_cache_mb"]),
         )
     except ValueError as exc:  # ReplayPolicy's own bounds name their field first
         name, _, problem = str(exc).partition(" ")

@@ -25,9 +25,11 @@ replayer's own).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,9 +49,10 @@ from replayer.monitor.watch import (
     WatchConfig,
 )
 from replayer.replay import client
+from replayer.replay.bodies import Bodies
 from replayer.replay.client import Endpoint, TargetFacts
 from replayer.replay.plan import Plan
-from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, ResponsesState
+from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, ResponsesState, Timing
 from replayer.replay.results import Result, ResultsWriter, Status
 from replayer.trace.reader import BodyBuilder, Trace
 from replayer.trace.schema import Kind
@@ -59,6 +62,10 @@ from replayer.wire import Reply as StreamStats
 log = logging.getLogger("replayer.replay")
 
 _BODY_LEAD = 0.05
+WARM_S = 1.0
+"""Bodies due within this many seconds of T0 are built before T0."""
+WARM_TIMEOUT = 30.0
+"""Real seconds the start waits for them at most (past it, T0 and lag)."""
 """Seconds before its due time a session builds its next body (long contexts
 take milliseconds to serialize)."""
 
@@ -150,6 +157,8 @@ class TargetRun:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     inflight_map: dict[int, InFlight] = field(default_factory=dict)
     watch: TargetWatch | None = None
+    bodies: Bodies | None = None
+    """Bodies built off the loop, ahead of dispatch (set when the run starts)."""
     report: FailureReport | None = None
     prefix_cache: dict[str, float] | None = None
     """Prefix-cache hits and queries over the run, from the target's /metrics."""
@@ -344,6 +353,14 @@ class Replay:
                 else None,
             )
             self.runs[t.name] = run
+        static = [self._static(row) for row in self.plan.rows]
+        for run in self.runs.values():
+            run.bodies = Bodies(
+                partial(self._body, run),
+                static,
+                ahead_bytes=self.policy.body_cache_mb << 20,
+                threaded=self.clock is REAL,
+            )
         if self.watch_config is not None:
             if self.out is not None:
                 self.metrics = MetricsWriter(self.out / "metrics.arrow")
@@ -353,6 +370,14 @@ class Replay:
         try:
             watches = [r.watch for r in self.runs.values() if r.watch is not None]
             await asyncio.gather(*(w.prime() for w in watches))
+            # bodies due in the first second are built before T0: a burst of
+            # sessions that start together then leaves on time
+            due = bisect.bisect_left(self.plan.start, WARM_S) if self.plan.start else 0
+            if self.policy.timing is Timing.ASAP:
+                due = len(self.plan)
+            await asyncio.gather(
+                *(r.bodies.warm(due, WARM_TIMEOUT) for r in self.runs.values() if r.bodies)
+            )
             # T0 after every set-up step: no request is late because of start-up.
             self.t0 = self.clock.now() + 0.005
             for run in self.runs.values():
@@ -385,6 +410,8 @@ class Replay:
                         r.error_class = "target_failed" if run.failure else "interrupted"
                         self.writer.add(r)
                 await run.session.close()
+                if run.bodies is not None:
+                    run.bodies.close()
             await asyncio.gather(*(self._conclude(run) for run in self.runs.values()))
             if self.metrics is not None:
                 self.metrics.close()
@@ -491,6 +518,8 @@ class Replay:
         row = self.plan.rows[i]
         if mml is None or self._tokens[row] < mml:
             return False
+        if run.bodies is not None:
+            run.bodies.discard(i)
         r = run.results[i]
         r.status = Status.SKIPPED
         r.error_class = "over_context"
@@ -501,7 +530,20 @@ class Replay:
         self.writer.add(r)
         return True
 
+    def _static(self, row: int) -> bool:
+        """Whether a row's body is known before the replay (else it waits for
+        live replies: the live parent of a chain, live-mode assistant turns)."""
+        if row in self._chain:
+            return False
+        return not (self.policy.mode is Mode.LIVE and self._kind[row] == Kind.CHAT)
+
+    async def _next_body(self, run: TargetRun, i: int) -> bytes:
+        if run.bodies is None:
+            return self._body(run, i)
+        return await run.bodies.get(i)
+
     def _body(self, run: TargetRun, i: int) -> bytes:
+        """Build a body (in the bodies worker thread on the real clock)."""
         row = self.plan.rows[i]
         patch = self._body_patch(row)
         chained = self._chain.get(row)
@@ -544,7 +586,7 @@ class Replay:
             at = max(at, last)
             if self._skip(run, i, at):
                 continue
-            body = self._body(run, i)
+            body = await self._next_body(run, i)
             if not await self._sleep_until(run, at):
                 return
             if run.slots is not None:
@@ -597,7 +639,7 @@ class Replay:
             # build them all at T0 before anything is sent (lag)
             if not await self._sleep_until(run, at - _BODY_LEAD, precise=False):
                 return
-            body = self._body(run, i)
+            body = await self._next_body(run, i)
             if not await self._sleep_until(run, at):
                 return
             if run.slots is not None:

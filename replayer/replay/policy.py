@@ -102,10 +102,15 @@ class ReplayPolicy:
     """Token-id range for blocks payloads (a model's vocabulary)."""
     save_output: bool = False
     """Keep each response's text in the results (for divergence checks)."""
+    body_cache_mb: int = 512
+    """Memory for the text of recent token-id prompts: a turn is assembled
+    from the prompt it extends; past the bound, the oldest are rebuilt."""
     responses_state: ResponsesState = ResponsesState.EXPAND
     """Chained Responses requests: expanded inline, or re-chained to live ids."""
 
     def __post_init__(self) -> None:
+        if self.body_cache_mb < 0:
+            raise ValueError(f"body_cache_mb must be >= 0, not {self.body_cache_mb}")
         if not self.speed > 0:
             raise ValueError(f"speed must be positive, not {self.speed}")
         if self.max_inflight is not None and self.max_inflight < 1:

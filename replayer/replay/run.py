@@ -30,6 +30,7 @@ from replayer.replay.plan import build_plan
 from replayer.replay.policy import ReplayPolicy
 from replayer.replay.progress import Progress
 from replayer.replay.results import Result, ResultsWriter
+from replayer.replay.stalls import LoopStalls
 from replayer.replay.summary import summarize_target
 from replayer.trace.reader import Trace
 from replayer.trace.tokens import TokenSpace
@@ -108,6 +109,7 @@ async def replay_to_dir(
         trace.set_token_space(
             TokenSpace(policy.token_range[0], policy.token_range[1], trace.tokens.salt)
         )
+    trace.set_body_cache(policy.body_cache_mb << 20)
     plan = build_plan(trace, rows, policy)
     interrupted = False
     os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
@@ -159,10 +161,14 @@ async def replay_to_dir(
         _write_json(out / "run.json", run_info)
         if live is not None:
             live.attach(replay)
+        stalls = LoopStalls()
+        stalls.start()
         try:
             await replay.run()
         except asyncio.CancelledError:
             interrupted = True  # Ctrl-C or SIGTERM: write what was measured, then stop
+        finally:
+            stalls.stop()
     finally:
         writer.close()
         if live is not None:
@@ -191,6 +197,7 @@ async def replay_to_dir(
     code = EXIT_FAILED if failed else EXIT_NOT_EXERCISED if unexercised else EXIT_OK
     summary = {"exit_code": EXIT_INTERRUPTED if interrupted else code, "targets": targets_summary}
     summary["exercised"] = not unexercised
+    summary["loop_stall_ms"] = stalls.summary()
     if interrupted:
         summary["interrupted"] = True
     _write_json(out / "summary.json", summary)

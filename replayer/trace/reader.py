@@ -645,7 +645,12 @@ class Trace:
     def set_token_space(self, space: TokenSpace) -> None:
         """Regenerate blocks prompts in another token range (a model's vocabulary)."""
         self.tokens = space
-        self._prompts = BlockPrompts(space)
+        self._prompts = BlockPrompts(space, self._prompts.cache_bytes)
+
+    def set_body_cache(self, nbytes: int) -> None:
+        """Bound the memory that holds recent token-id prompts for reuse."""
+        if nbytes != self._prompts.cache_bytes:
+            self._prompts = BlockPrompts(self.tokens, nbytes)
 
 
 def _to_list(col: pa.ChunkedArray) -> list[Any]:

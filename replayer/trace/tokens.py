@@ -96,9 +96,9 @@ def _offsets(raw: bytes, span: int) -> npt.NDArray[np.uint64]:
 class _Digits:
     """Token ids to their JSON text at C speed: one row of ASCII digits per id
     of the range (with its comma), gathered by index. A range too wide for a
-    table (over 4M ids) computes digits arithmetically instead."""
+    table (over 1M ids) computes digits arithmetically instead."""
 
-    TABLE_MAX = 1 << 22
+    TABLE_MAX = 1 << 20
 
     def __init__(self, space: TokenSpace) -> None:
         self.space = space
@@ -204,6 +204,7 @@ class BlockPrompts:
 
     def __init__(self, space: TokenSpace | None = None, cache_bytes: int = 512 << 20) -> None:
         self.space = space or TokenSpace()
+        self.cache_bytes = cache_bytes
         self._digits = _Digits(self.space)
         self._prompts = _LRU(cache_bytes)
         self.stats = {"reused_blocks": 0, "drawn_blocks": 0}

@@ -186,6 +186,8 @@ def test_a_hang_that_takes_health_down_too_is_a_hang(emulator_factory, tmp_path)
     s = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
     f = s["targets"]["target"]["failure"]
     assert (f["class"], f["health_stalled"]) == ("hang", True)
+    stalls = s["loop_stall_ms"]  # the loop was watched the whole run (seconds of it)
+    assert stalls["samples"] > 100 and 0 <= stalls["p50"] <= stalls["p99_9"] <= stalls["max"]
     assert "while /health stopped answering too (probes time out after 0.5 s)" in f["message"]
     assert [p["error"] for p in f["health"] if p["t"] > f["at_s"]] == ["timeout"] * len(
         [p for p in f["health"] if p["t"] > f["at_s"]]

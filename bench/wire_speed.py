@@ -1,0 +1,450 @@
+"""Bodies at wire speed (issue 17): how fast replayer puts long-context bodies
+on the wire, side by side with what the wire allows, in one run.
+
+Every sender runs pinned to core 0 against one discarding sink pinned to
+core 1 (an asyncio protocol that counts body bytes and answers each request
+with a two-chunk SSE completion), so each figure is one core of sending:
+
+* **raw**: pre-built HTTP requests written with ``sendall`` on one blocking
+  socket, each response read before the next: loopback's own ceiling;
+* **prebuilt**: an aiohttp client posting pre-built bodies (16 in flight):
+  the best any Python HTTP client does with no body to build;
+* **replayer**: ``replayer replay --timing asap --no-monitor`` (16 in
+  flight), building every body from the trace as it goes.
+
+Traces: the kv-cache-tester corpus (real Claude Code sessions as 64-token
+hash blocks, ~0.5 MB token-id bodies) and synthetic chat sessions with
+120K-token contexts. MB/s is body bytes the sink received over the span from
+its first to its last body byte; CPU is the sender's whole process (startup
+included for replayer, so an upper bound). Also measured in-process: the
+emulator's CPU per MB to read a token-id prompt (the fast read vs the full
+JSON parse it falls back to).
+
+``python -m bench wire_speed [-- --requests N --seconds S]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.replay import _pin, run_child
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / "bench" / "out" / "wire_speed"
+SHARED = REPO.parent / "shared" / "data"
+MODEL = "sink-model"
+SINK_CPU, SEND_CPU = 1, 0
+CONCURRENCY = 16
+
+
+# -- the discarding sink ----------------------------------------------------------
+
+
+def _sse(chat: bool) -> bytes:
+    if chat:
+        first = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"},
+                              "finish_reason": "length"}]}  # fmt: skip
+    else:
+        first = {"id": "c", "object": "text_completion", "created": 0, "model": MODEL,
+                 "choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}  # fmt: skip
+    usage = {**first, "choices": [],
+             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in (first, usage))
+    body += b"data: [DONE]\n\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+def _json(obj: Any) -> bytes:
+    body = json.dumps(obj).encode()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.requests = 0
+        self.first: float | None = None
+        self.last = 0.0
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class Sink(asyncio.Protocol):
+    """HTTP/1.1 keep-alive, Content-Length bodies only; bodies are counted
+    and dropped, never buffered."""
+
+    CHAT, TEXT = _sse(True), _sse(False)
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self.head = bytearray()
+        self.need = 0
+        self.path = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self.need:
+                take = min(self.need, len(view))
+                now = time.monotonic()
+                st = self.stats
+                st.first = now if st.first is None else st.first
+                st.bytes += take
+                st.last = now
+                self.need -= take
+                view = view[take:]
+                if not self.need:
+                    self._answer()
+                continue
+            self.head += view
+            view = memoryview(b"")
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, rest = bytes(self.head[:end]), bytes(self.head[end + 4 :])
+            self.head.clear()
+            lines = head.split(b"\r\n")
+            method, self.path = lines[0].split(b" ")[:2]
+            length = 0
+            for ln in lines[1:]:
+                k, _, v = ln.partition(b":")
+                if k.strip().lower() == b"content-length":
+                    length = int(v)
+            self.need = length
+            if not length:
+                self._answer()
+            view = memoryview(rest)
+
+    def _answer(self) -> None:
+        assert self.transport is not None
+        p = self.path.split(b"?")[0]
+        if p == b"/v1/chat/completions":
+            self.stats.requests += 1
+            self.transport.write(self.CHAT)
+        elif p.startswith(b"/v1/") and p != b"/v1/models":
+            self.stats.requests += 1
+            self.transport.write(self.TEXT)
+        elif p == b"/v1/models":
+            self.transport.write(
+                _json(
+                    {
+                        "object": "list",
+                        "data": [{"id": MODEL, "object": "model", "max_model_len": 10_000_000}],
+                    }
+                )  # fmt: skip
+            )
+        elif p == b"/stats":
+            st = self.stats
+            span = (st.last - st.first) if st.first is not None else 0.0
+            self.transport.write(_json({"bytes": st.bytes, "requests": st.requests, "span": span}))
+        elif p == b"/reset":
+            self.stats.reset()
+            self.transport.write(_json({}))
+        else:
+            self.transport.write(_json({}))
+
+
+def sink_main(port_file: str) -> None:
+    async def serve() -> None:
+        stats = Stats()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: Sink(stats), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        with open(port_file, "w") as f:  # noqa: ASYNC230 - once, before serving
+            f.write(str(port))
+        await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+@contextlib.contextmanager
+def sink() -> Iterator[str]:
+    WORK.mkdir(parents=True, exist_ok=True)
+    pf = WORK / "sink.port"
+    pf.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.wire_speed", "sink", str(pf)],
+        preexec_fn=_pin(SINK_CPU),
+        start_new_session=True,
+    )
+    try:
+        for _ in range(500):
+            if pf.exists() and pf.read_text():
+                break
+            time.sleep(0.02)
+        else:
+            raise RuntimeError("the sink did not start")
+        yield f"http://127.0.0.1:{pf.read_text()}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _get(url: str, path: str) -> dict[str, Any]:
+    import httpx
+
+    r = httpx.get(url + path, timeout=30)
+    result: dict[str, Any] = r.json()
+    return result
+
+
+# -- the senders ------------------------------------------------------------------
+
+
+def bodies(trace: Path, n: int) -> tuple[str, list[bytes]]:
+    """The first ``n`` bodies in trace order, as replayer sends them."""
+    from replayer.trace import Trace
+    from replayer.trace.schema import Kind
+
+    t = Trace.open(trace)
+    rows = list(t.order)[:n]
+    patch = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True}}
+    out = [b for _, b in t.iter_json(rows, patch=patch)]
+    path = "/v1/chat/completions" if Kind(t.column("kind")[rows[0]]).itemized else "/v1/completions"
+    return path, out
+
+
+def raw_child(trace: str, n: int, seconds: float, url: str) -> None:
+    path, bs = bodies(Path(trace), n)
+    host, port = url.removeprefix("http://").split(":")
+    reqs = [
+        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (path.encode(), host.encode(), len(b)) + b
+        for b in bs
+    ]
+    with socket.create_connection((host, int(port))) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        f = s.makefile("rb")
+        c0, t0 = time.process_time(), time.monotonic()
+        sent = 0
+        while time.monotonic() - t0 < seconds:
+            for r in reqs:
+                s.sendall(r)
+                sent += 1
+                length = 0
+                while (line := f.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                f.read(length)
+        print(json.dumps({"cpu_s": time.process_time() - c0, "requests": sent}))
+
+
+def prebuilt_child(trace: str, n: int, seconds: float, url: str) -> None:
+    import aiohttp
+
+    path, bs = bodies(Path(trace), n)
+
+    async def go() -> dict[str, Any]:
+        conn = aiohttp.TCPConnector(limit=CONCURRENCY)
+        headers = {"Content-Type": "application/json"}
+        async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as session:
+            c0, t0 = time.process_time(), time.monotonic()
+            sent = 0
+            nxt = iter(range(1 << 40))
+
+            async def worker() -> None:
+                nonlocal sent
+                while time.monotonic() - t0 < seconds:
+                    body = bs[next(nxt) % len(bs)]
+                    async with session.post(url + path, data=body, headers=headers) as r:
+                        await r.read()
+                    sent += 1
+
+            await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+            return {"cpu_s": time.process_time() - c0, "requests": sent}
+
+    print(json.dumps(asyncio.run(go())))
+
+
+def measure(url: str, cmd: list[str], log: Path, timeout: float) -> dict[str, Any]:
+    _get(url, "/reset")
+    run = run_child(cmd, log=log, timeout=timeout, cpu=SEND_CPU)
+    if run.rc not in (0, 1):
+        raise RuntimeError(f"{cmd[:4]} exited {run.rc}: {run.log_tail(800)}")
+    st = _get(url, "/stats")
+    mb = st["bytes"] / 1e6
+    own = [json.loads(ln) for ln in run.log_tail(4000).splitlines() if ln.startswith('{"cpu_s"')]
+    cpu = own[-1]["cpu_s"] if own else run.cpu
+    return {
+        "mb": round(mb, 1),
+        "requests": st["requests"],
+        "span_s": round(st["span"], 2),
+        "mb_per_s": round(mb / st["span"], 1) if st["span"] > 0 else None,
+        "cpu_ms_per_mb": round(1000 * cpu / mb, 2) if mb else None,
+        "sender_cpu_s": round(cpu, 2),
+        "maxrss_mb": round(run.maxrss / 2**20),
+    }
+
+
+def side_by_side(url: str, trace: Path, n: int, seconds: float, label: str) -> dict[str, Any]:
+    me = [sys.executable, "-m", "bench.wire_speed"]
+    out: dict[str, Any] = {}
+    for kind in ("raw", "prebuilt"):
+        cmd = [*me, kind, str(trace), str(n), str(seconds), url]
+        out[kind] = measure(url, cmd, WORK / f"{label}-{kind}.log", seconds + 300)
+    run_dir = WORK / f"{label}-replayer"
+    cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
+           "--out", str(run_dir), "--force", "--quiet", "--timing", "asap", "--no-monitor",
+           "--max-inflight", str(CONCURRENCY), "--limit", str(n), "--model", MODEL]  # fmt: skip
+    out["replayer"] = measure(url, cmd, WORK / f"{label}-replayer.log", 900)
+    summary = json.loads((run_dir / "summary.json").read_text())["targets"]["target"]
+    out["replayer"]["ok"] = summary.get("ok")
+    pb = out["prebuilt"]["mb_per_s"]
+    if pb and out["replayer"]["mb_per_s"]:
+        out["ratio_vs_prebuilt"] = round(out["replayer"]["mb_per_s"] / pb, 3)
+    return out
+
+
+# -- the traces -------------------------------------------------------------------
+
+
+def blocks_trace() -> Path:
+    out = WORK / "kv-cache-tester.arrow"
+    if not out.exists():
+        srcs = sorted((SHARED / "kv_cache_tester_claude_code").glob("*.json.gz"))
+        cmd = [sys.executable, "-m", "replayer", "import", "kv-cache-tester", *map(str, srcs),
+               "-o", str(out)]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+def chat_trace() -> Path:
+    out = WORK / "chat-120k.arrow"
+    if not out.exists():
+        cmd = [sys.executable, "-m", "replayer", "synth", "--sessions", "16", "--turns", "10",
+               "--context", "120000", "--rate", "1", "--think", "1", "--seed", "5",
+               "--max-tokens", "16", "--model", MODEL, "-o", str(out)]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+def emulator_read() -> dict[str, Any]:
+    """CPU per MB of a 128K-token prompt: the fast read vs the full parse."""
+    from replayer.emulator import tokenizer
+    from replayer.emulator.config import EmulatorConfig
+    from replayer.emulator.parsing import fast_token_prompt, parse_generation, parse_json_body
+    from replayer.trace.tokens import BlockPrompts
+
+    cfg = EmulatorConfig()
+    prompt = BlockPrompts().json(list(range(2000)), 64, 128_000, "r")
+    raw = b'{"model":"%s","max_tokens":1,"prompt":%s}' % (
+        cfg.served_model_names[0].encode(),
+        prompt.encode(),
+    )
+
+    def fast() -> None:
+        got = fast_token_prompt(raw, "application/json")
+        assert got is not None
+        g = parse_generation(got[0], False, cfg, got[1])
+        tokenizer.block_hashes(g.stream_bytes, cfg.block_size)
+
+    def full() -> None:
+        g = parse_generation(parse_json_body(raw, "application/json"), False, cfg)
+        tokenizer.block_hashes(g.stream_bytes, cfg.block_size)
+
+    res: dict[str, Any] = {"body_mb": round(len(raw) / 1e6, 3)}
+    for name, f in (("full_parse", full), ("fast_read", fast)):
+        f()
+        c0 = time.process_time()
+        for _ in range(20):
+            f()
+        res[f"{name}_ms_per_mb"] = round(
+            (time.process_time() - c0) / 20 / (len(raw) / 1e6) * 1e3, 2
+        )
+    return res
+
+
+def build_only(trace: Path, n: int) -> dict[str, Any]:
+    """In-process: CPU per MB to build the first ``n`` bodies, no sending."""
+    from replayer.trace import Trace
+
+    t = Trace.open(trace)
+    rows = list(t.order)[:n]
+    b = t.builder(rows)
+    c0, total = time.process_time(), 0
+    for r in rows:
+        total += len(b.json(r, {"stream": True}))
+    cpu = time.process_time() - c0
+    return {
+        "requests": len(rows),
+        "mb": round(total / 1e6),
+        "mb_per_cpu_s": round(total / 1e6 / cpu, 1),
+        "stats": dict(t._prompts.stats),
+    }
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    if argv and argv[0] in ("sink", "raw", "prebuilt"):
+        kind, rest = argv[0], argv[1:]
+        if kind == "sink":
+            sink_main(rest[0])
+        else:
+            fn = raw_child if kind == "raw" else prebuilt_child
+            fn(rest[0], int(rest[1]), float(rest[2]), rest[3])
+        return {}
+    ap = argparse.ArgumentParser(prog="bench wire_speed")
+    ap.add_argument("--requests", type=int, default=2000, help="blocks requests replayed")
+    ap.add_argument("--seconds", type=float, default=8.0, help="raw and prebuilt send time")
+    args = ap.parse_args(argv)
+    WORK.mkdir(parents=True, exist_ok=True)
+    fig: dict[str, Any] = {"cores": os.cpu_count()}
+    blocks, chat = blocks_trace(), chat_trace()
+    fig["emulator_read"] = emulator_read()
+    fig["build_blocks"] = build_only(blocks, args.requests)
+    with sink() as url:
+        fig["blocks"] = side_by_side(url, blocks, args.requests, args.seconds, "blocks")
+        fig["chat"] = side_by_side(url, chat, 160, args.seconds, "chat")
+    print(render(fig))
+    return fig
+
+
+def render(fig: dict[str, Any]) -> str:
+    lines = [
+        "| trace | sender | MB/s | CPU ms/MB | MB sent | RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label in ("blocks", "chat"):
+        for kind in ("raw", "prebuilt", "replayer"):
+            m = fig[label][kind]
+            lines.append(
+                f"| {label} | {kind} | {m['mb_per_s']} | {m['cpu_ms_per_mb']} | {m['mb']} "
+                f"| {m['maxrss_mb']} |"
+            )
+        lines.append(
+            f"| {label} | replayer / prebuilt | {fig[label].get('ratio_vs_prebuilt')} |||||"
+        )
+    e = fig["emulator_read"]
+    lines.append("")
+    lines.append(
+        f"emulator, a {e['body_mb']} MB token-id prompt: full parse {e['full_parse_ms_per_mb']} "
+        f"ms/MB, fast read {e['fast_read_ms_per_mb']} ms/MB"
+    )
+    b = fig["build_blocks"]
+    lines.append(
+        f"building the first {b['requests']:,} blocks bodies ({b['mb']:,} MB) in-process: "
+        f"{b['mb_per_cpu_s']} MB per CPU second; {b['stats']}"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,168 @@
+"""Request bodies built off the event loop and ahead of their due time.
+
+A 120K-token body takes a millisecond or more to assemble; hundreds of
+sessions due at the same instant take hundreds. Built on the event loop,
+that time is taken from everything else the loop does: health probes, SSE
+reads (TTFT is measured late), the hang watchdog, signal handling. So bodies
+are built by one worker thread (the trace's body builder keeps per-session
+state and is not thread-safe: one thread owns it), in plan order, as far
+ahead of dispatch as a byte budget allows; a body that depends on live
+replies (live mode, chained Responses) is built when asked for, first.
+
+On a virtual clock (the tests' deterministic time) a wait on a thread looks
+like idleness and time would jump past it, so there the same interface
+builds inline, on the loop, exactly when asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+
+AHEAD_MAX = 4096
+"""Bodies built ahead at most, whatever their size (each holds a result slot)."""
+
+
+class Bodies:
+    """Bodies of plan positions ``0 .. n-1`` for one target's dispatch.
+
+    **Usage**::
+
+        bodies = Bodies(build, static, ahead_bytes=256 << 20)
+        body = await bodies.get(i)   # built ahead, or now
+        bodies.discard(j)            # j will not be sent (skipped)
+        bodies.close()
+    """
+
+    def __init__(
+        self,
+        build: Callable[[int], bytes],
+        static: Sequence[bool],
+        *,
+        ahead_bytes: int,
+        threaded: bool = True,
+    ) -> None:
+        self._build = build
+        self._static = static
+        self._budget = ahead_bytes
+        self._threaded = threaded
+        self._cv = threading.Condition()
+        self._ready: dict[int, Future[bytes]] = {}
+        self._urgent: deque[tuple[int, Future[bytes]]] = deque()
+        self._taken: set[int] = set()
+        self._next = 0
+        self._ahead = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._work, name="replayer-bodies", daemon=True)
+            self._thread.start()
+
+    async def get(self, i: int) -> bytes:
+        """The body of plan position ``i`` (each position asked for once)."""
+        if not self._threaded:
+            return self._build(i)
+        with self._cv:
+            self._taken.add(i)  # never built ahead again
+            fut = self._ready.pop(i, None)
+            if fut is None:
+                fut = Future()
+                self._urgent.append((i, fut))
+                self._cv.notify()
+            else:  # built ahead: its bytes leave the budget once it is taken
+                fut.add_done_callback(self._release)
+        return await asyncio.wrap_future(fut)
+
+    async def warm(self, k: int, within: float) -> int:
+        """Wait (at most ``within`` seconds, real time) until the first ``k``
+        positions are built or the budget is full: a burst due at T0 then
+        leaves on time. Returns how many bodies are ready."""
+        if not self._threaded or k <= 0:
+            return 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        for _ in range(int(within / 0.01) + 1):  # bounded by ``within``
+            with self._cv:
+                last = self._ready.get(min(k, len(self._static)) - 1)
+                full = self._ahead >= self._budget or len(self._ready) >= AHEAD_MAX
+                stuck = self._next >= k and (last is None or last.done())
+                ready = sum(f.done() for f in self._ready.values())
+            if full or stuck or loop.time() >= deadline:
+                return ready
+            await asyncio.sleep(0.01)
+        return 0
+
+    def discard(self, i: int) -> None:
+        """Position ``i`` will not be asked for: free what was built for it."""
+        if not self._threaded:
+            return
+        with self._cv:
+            self._taken.add(i)  # the worker skips it when it gets there
+            fut = self._ready.pop(i, None)
+        if fut is not None:
+            fut.add_done_callback(self._release)
+
+    def _release(self, fut: Future[bytes]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        with self._cv:
+            self._ahead -= len(fut.result())
+            self._cv.notify()
+
+    def close(self) -> None:
+        """Stop the worker (it finishes the body in hand, then exits)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _work(self) -> None:
+        n = len(self._static)
+        while True:
+            with self._cv:
+                job = self._pick(n)
+                for _ in range(1_000_000):  # bounded; each wait ends on notify or 1 s
+                    if job is not None or self._closed:
+                        break
+                    self._cv.wait(timeout=1.0)
+                    job = self._pick(n)
+                if job is None:
+                    return
+                i, fut, ahead = job
+            try:
+                body = self._build(i)
+            except BaseException as exc:  # delivered to the dispatcher, which raises it
+                with contextlib.suppress(InvalidStateError):  # its waiter was cancelled
+                    fut.set_exception(exc)
+                continue
+            with self._cv:
+                if ahead:
+                    self._ahead += len(body)
+            with contextlib.suppress(InvalidStateError):
+                fut.set_result(body)
+
+    def _pick(self, n: int) -> tuple[int, Future[bytes], bool] | None:
+        """The next job, under the lock: an asked-for body first, then the
+        next static one in plan order while the budget has room."""
+        if self._closed:
+            return None
+        if self._urgent:
+            i, asked = self._urgent.popleft()
+            return i, asked, False
+        while self._next < n:
+            if self._ahead >= self._budget or len(self._ready) >= AHEAD_MAX:
+                return None
+            i = self._next
+            if i in self._taken or not self._static[i]:
+                self._next += 1
+                continue
+            self._next += 1
+            fut: Future[bytes] = Future()
+            self._ready[i] = fut
+            return i, fut, True
+        return None
