@@ -291,21 +291,29 @@ def measure(url: str, cmd: list[str], log: Path, timeout: float) -> dict[str, An
         "mb_per_s": round(mb / st["span"], 1) if st["span"] > 0 else None,
         "cpu_ms_per_mb": round(1000 * cpu / mb, 2) if mb else None,
         "sender_cpu_s": round(cpu, 2),
+        "process_wall_s": round(run.wall, 2),
+        "mb_per_process_s": round(mb / run.wall, 1) if run.wall > 0 else None,
         "maxrss_mb": round(run.maxrss / 2**20),
     }
 
 
-def side_by_side(url: str, trace: Path, n: int, seconds: float, label: str) -> dict[str, Any]:
+def side_by_side(
+    url: str, trace: Path, n: int, prebuilt: int, seconds: float, label: str
+) -> dict[str, Any]:
+    """The first ``prebuilt`` bodies (held in memory, sent over and over) for
+    raw and prebuilt; the first ``n`` requests for replayer."""
     me = [sys.executable, "-m", "bench.wire_speed"]
     out: dict[str, Any] = {}
     for kind in ("raw", "prebuilt"):
-        cmd = [*me, kind, str(trace), str(n), str(seconds), url]
+        cmd = [*me, kind, str(trace), str(prebuilt), str(seconds), url]
         out[kind] = measure(url, cmd, WORK / f"{label}-{kind}.log", seconds + 300)
     run_dir = WORK / f"{label}-replayer"
     cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
            "--out", str(run_dir), "--force", "--quiet", "--timing", "asap", "--no-monitor",
-           "--max-inflight", str(CONCURRENCY), "--limit", str(n), "--model", MODEL]  # fmt: skip
-    out["replayer"] = measure(url, cmd, WORK / f"{label}-replayer.log", 900)
+           "--max-inflight", str(CONCURRENCY), "--model", MODEL]  # fmt: skip
+    if n:
+        cmd += ["--limit", str(n)]
+    out["replayer"] = measure(url, cmd, WORK / f"{label}-replayer.log", 1800)
     summary = json.loads((run_dir / "summary.json").read_text())["targets"]["target"]
     out["replayer"]["ok"] = summary.get("ok")
     pb = out["prebuilt"]["mb_per_s"]
@@ -330,7 +338,7 @@ def blocks_trace() -> Path:
 def chat_trace() -> Path:
     out = WORK / "chat-120k.arrow"
     if not out.exists():
-        cmd = [sys.executable, "-m", "replayer", "synth", "--sessions", "16", "--turns", "10",
+        cmd = [sys.executable, "-m", "replayer", "synth", "--sessions", "64", "--turns", "10",
                "--context", "120000", "--rate", "1", "--think", "1", "--seed", "5",
                "--max-tokens", "16", "--model", MODEL, "-o", str(out)]  # fmt: skip
         subprocess.run(cmd, check=True, capture_output=True)
@@ -392,6 +400,78 @@ def build_only(trace: Path, n: int) -> dict[str, Any]:
     }
 
 
+PACE_REQUESTS = 2000
+"""The corpus' first 2,000 requests: 710 sessions start at t = 0 (389 MB of
+bodies due in the first second), then 45 s of recorded agent turns."""
+
+
+def pace(url: str, trace: Path) -> dict[str, Any]:
+    """Recorded timing at increasing speed: schedule lag and loop stalls
+    (replayer's own figures, summary.json), peak RSS."""
+    out: dict[str, Any] = {}
+    for speed in (1, 5, 10, 20):
+        run_dir = WORK / f"pace-{speed}x"
+        cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
+               "--out", str(run_dir), "--force", "--quiet", "--no-monitor", "--speed",
+               str(speed), "--limit", str(PACE_REQUESTS), "--model", MODEL]  # fmt: skip
+        m = measure(url, cmd, WORK / f"pace-{speed}x.log", 900)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        lag = summary["targets"]["target"]["lag_ms"]
+        out[f"{speed}x"] = {
+            "lag_p50_ms": lag.get("p50"),
+            "lag_p99_ms": lag.get("p99"),
+            "lag_max_ms": lag.get("max"),
+            "loop_stall_ms": summary.get("loop_stall_ms"),
+            "maxrss_mb": m["maxrss_mb"],
+            "mb": m["mb"],
+        }
+    return out
+
+
+def sigterm(url: str, trace: Path, runs: int) -> dict[str, Any]:
+    """SIGTERM at a random moment of a replay (start-up, the T0 burst, steady
+    sending): seconds until the process is gone, and how it exited."""
+    import random
+    import signal
+
+    rng = random.Random(17)
+    out: list[dict[str, Any]] = []
+    for k in range(runs):
+        run_dir = WORK / f"sigterm-{k}"
+        cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
+               "--out", str(run_dir), "--force", "--quiet", "--speed", "20", "--no-monitor",
+               "--limit", "4000", "--model", MODEL]  # fmt: skip
+        with (WORK / f"sigterm-{k}.log").open("wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=_pin(SEND_CPU))  # fmt: skip
+            at = rng.uniform(0.3, 6.0)
+            try:
+                proc.wait(timeout=at)
+                out.append({"at_s": round(at, 2), "ended_before": True, "rc": proc.returncode})
+                continue
+            except subprocess.TimeoutExpired:
+                pass
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            gone = time.monotonic() - t0
+        summary = run_dir / "summary.json"
+        interrupted = summary.exists() and json.loads(summary.read_text()).get("interrupted")
+        out.append({"at_s": round(at, 2), "exit_s": round(gone, 3), "rc": rc,
+                    "summary_says_interrupted": bool(interrupted)})  # fmt: skip
+    exits = [r["exit_s"] for r in out if "exit_s" in r]
+    return {
+        "runs": out,
+        "signalled": len(exits),
+        "max_exit_s": max(exits) if exits else None,
+        "within_1s": sum(e <= 1.0 for e in exits),
+    }
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     if argv and argv[0] in ("sink", "raw", "prebuilt"):
         kind, rest = argv[0], argv[1:]
@@ -402,23 +482,49 @@ def main(argv: list[str]) -> dict[str, Any]:
             fn(rest[0], int(rest[1]), float(rest[2]), rest[3])
         return {}
     ap = argparse.ArgumentParser(prog="bench wire_speed")
-    ap.add_argument("--requests", type=int, default=2000, help="blocks requests replayed")
+    ap.add_argument(
+        "--requests", type=int, default=0, help="blocks requests replayed (default: all)"
+    )
     ap.add_argument("--seconds", type=float, default=8.0, help="raw and prebuilt send time")
+    ap.add_argument("--sigterm-runs", type=int, default=20, help="replays stopped by SIGTERM")
+    ap.add_argument("--only", choices=("speed", "pace", "sigterm"), help="one part only")
     args = ap.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
     fig: dict[str, Any] = {"cores": os.cpu_count()}
     blocks, chat = blocks_trace(), chat_trace()
-    fig["emulator_read"] = emulator_read()
-    fig["build_blocks"] = build_only(blocks, args.requests)
+    if args.only in (None, "speed"):
+        fig["emulator_read"] = emulator_read()
+        fig["build_blocks"] = build_only(blocks, args.requests or 10**9)
     with sink() as url:
-        fig["blocks"] = side_by_side(url, blocks, args.requests, args.seconds, "blocks")
-        fig["chat"] = side_by_side(url, chat, 160, args.seconds, "chat")
+        if args.only in (None, "speed"):
+            fig["blocks"] = side_by_side(url, blocks, args.requests, 1500, args.seconds, "blocks")
+            fig["chat"] = side_by_side(url, chat, 640, 640, args.seconds, "chat")
+        if args.only in (None, "pace"):
+            fig["pace"] = pace(url, blocks)
+        if args.only in (None, "sigterm"):
+            fig["sigterm"] = sigterm(url, blocks, args.sigterm_runs)
     print(render(fig))
     return fig
 
 
 def render(fig: dict[str, Any]) -> str:
-    lines = [
+    lines = []
+    if "sigterm" in fig:
+        st = fig["sigterm"]
+        lines.append(
+            f"SIGTERM at random moments: {st['within_1s']} of {st['signalled']} signalled runs "
+            f"gone within 1 s (max {st['max_exit_s']} s)"
+        )
+    for speed, p in fig.get("pace", {}).items():
+        st = p["loop_stall_ms"] or {}
+        lines.append(
+            f"recorded pace {speed}: lag p50 {p['lag_p50_ms']} / p99 {p['lag_p99_ms']} / max "
+            f"{p['lag_max_ms']} ms; loop stall p99.9 {st.get('p99_9')} / max {st.get('max')} ms; "
+            f"peak RSS {p['maxrss_mb']} MB"
+        )
+    if "blocks" not in fig:
+        return "\n".join(lines)
+    lines += [
         "| trace | sender | MB/s | CPU ms/MB | MB sent | RSS MB |",
         "|---|---|---|---|---|---|",
     ]

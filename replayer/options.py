@@ -148,9 +148,9 @@ POLICY = Group(
         Opt(
             "body_cache_mb",
             int,
-            512,
-            "memory for the text of recent token-id prompts, which later turns "
-            "extend (default 512)",
+            640,
+            "memory for bodies: recent token-id prompts that later turns extend "
+            "(2/3) and bodies built ahead of dispatch (1/3) (default 640)",
             "MB",
         ),
     ),

@@ -6,9 +6,11 @@ kept under 10 minutes on 2 cores), the ``slow`` tier (end-to-end bisects and
 resumes that take tens of seconds each), and the real-vLLM tier: every test
 that uses a real vLLM fixture (``vllm_env`` and what builds on it) is marked
 ``realvllm`` and runs last, so the servers it starts never share the two
-cores with the other tiers. One server, :func:`vllm_shared`, serves every
-test that does not kill it. The summary ends with one line per tier: what
-ran, how long it took (setup, call and teardown summed), and for the
+cores with the other tiers. ``make test`` runs the first two on two
+pytest-xdist workers, then the real-vLLM tier alone, in a second pytest.
+One server, :func:`vllm_shared`, serves every test that does not kill it.
+The summary ends with one line per tier: what ran, how long it took
+(setup, call and teardown summed), and for the
 real-vLLM tier why none could run when none could.
 """
 
@@ -144,12 +146,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    workers = terminalreporter.config.getoption("numprocesses", None)
     for t in TIERS:
         if not _TIER[t]:
             continue
         parts = ", ".join(f"{n} {k}" for k, n in sorted(_TIER[t].items()))
         line = f"{TIER_NAMES[t]}: {parts} in {_SECONDS[t]:.0f} s"
-        if t in TIER_BUDGET_S:
+        if workers:
+            line += f" of test time over {workers} workers"
+        elif t in TIER_BUDGET_S:
             line += f" (budget {TIER_BUDGET_S[t]:.0f} s on an idle 2-core machine)"
         if t == "realvllm" and _SKIPS:
             line += f" ({Counter(_SKIPS).most_common(1)[0][0].removeprefix('Skipped: ')})"

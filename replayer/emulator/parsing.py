@@ -236,7 +236,6 @@ class Generation:
 
 
 _PROMPT_KEY = b'"prompt":['
-_DIGITS_AND_COMMAS = b"0123456789,"
 
 
 def fast_token_prompt(raw: bytes, content_type: str | None) -> tuple[dict[str, Any], bytes] | None:
@@ -248,37 +247,42 @@ def fast_token_prompt(raw: bytes, content_type: str | None) -> tuple[dict[str, A
     decides, with vLLM's exact errors."""
     if (content_type or "").split(";", 1)[0].strip().lower() != "application/json":
         return None
+    # A duplicate prompt key later in the body wins in JSON: then the rest,
+    # parsed below, does not show the placeholder, and the full parse decides.
     start = raw.find(_PROMPT_KEY)
-    if start <= 0 or raw.find(_PROMPT_KEY, start + 1) != -1 or raw[start - 1] == 0x5C:
+    if start <= 0 or raw[start - 1] == 0x5C:
         return None
     lo = start + len(_PROMPT_KEY)
     end = raw.find(b"]", lo)
     if end <= lo:
         return None
     span = raw[lo:end]
-    if span.translate(None, _DIGITS_AND_COMMAS):
-        return None  # whitespace, signs, floats, nesting: not the fast shape
-    n = span.count(b",") + 1
-    width, rem = divmod(len(span) + 1, n)
+    first = span.find(b",")
+    width = (first if first >= 0 else len(span)) + 1  # digits and the comma after
+    n, rem = divmod(len(span) + 1, width)
     if rem or not 1 <= width - 1 <= 19:
         return None
     rows = np.frombuffer(span + b",", dtype=np.uint8).reshape(n, width)
-    # Only digits and n - 1 commas: a comma ending every row means no comma inside one.
-    if (rows[:, -1] != 0x2C).any() or (width > 2 and (rows[:, 0] == 0x30).any()):
-        return None  # ragged widths, or a leading zero (invalid JSON)
+    digits = rows[:, :-1]
+    if (
+        (rows[:, -1] != 0x2C).any()  # ragged widths, or not a flat array of numbers
+        or ((digits - np.uint8(48)) > 9).any()  # whitespace, signs, floats, nesting
+        or (width > 2 and (rows[:, 0] == 0x30).any())  # a leading zero: invalid JSON
+    ):
+        return None
     cols = rows.T  # digit j of every id, a strided view
-    wide = np.uint64 if width > 10 else np.uint32  # 9 digits fit 32 bits
-    ids = cols[0].astype(wide) - wide(48)
+    ids = cols[0].astype(np.uint64)
     for j in range(1, width - 1):
-        ids = ids * wide(10) + cols[j]
-        ids -= wide(48)
+        ids *= np.uint64(10)
+        ids += cols[j]
+    ids -= np.uint64(48 * int("1" * (width - 1)) % (1 << 64))  # each digit was ASCII
     try:
         body = orjson.loads(raw[: lo - 1] + b"[0]" + raw[end + 1 :])
     except orjson.JSONDecodeError:
         return None
     if not isinstance(body, dict) or body.get("prompt") != [0]:
         return None  # the match was not the top-level prompt
-    return body, ids.astype("<u8").tobytes()
+    return body, ids.tobytes()
 
 
 def parse_generation(

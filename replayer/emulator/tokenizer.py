@@ -160,7 +160,7 @@ def block_hashes(stream: bytes, block_size: int) -> list[bytes]:
     mixed = _mix(ids)
     lanes = []
     for lane in (0, 1):
-        f = _mix((mixed * _weights(block_size, lane)).sum(axis=1, dtype=np.uint64))
+        f = _mix(np.einsum("ij,j->i", mixed, _weights(block_size, lane)))  # wraps mod 2**64
         up, down = _powers(lane, full)
         lanes.append(np.cumsum(f * down, dtype=np.uint64) * up)
     return np.column_stack(lanes).view("V16").ravel().tolist()

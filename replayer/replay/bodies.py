@@ -90,9 +90,8 @@ class Bodies:
                 last = self._ready.get(min(k, len(self._static)) - 1)
                 full = self._ahead >= self._budget or len(self._ready) >= AHEAD_MAX
                 stuck = self._next >= k and (last is None or last.done())
-                ready = sum(f.done() for f in self._ready.values())
-            if full or stuck or loop.time() >= deadline:
-                return ready
+                if full or stuck or loop.time() >= deadline:
+                    return sum(f.done() for f in self._ready.values())
             await asyncio.sleep(0.01)
         return 0
 

@@ -102,9 +102,10 @@ class ReplayPolicy:
     """Token-id range for blocks payloads (a model's vocabulary)."""
     save_output: bool = False
     """Keep each response's text in the results (for divergence checks)."""
-    body_cache_mb: int = 512
-    """Memory for the text of recent token-id prompts: a turn is assembled
-    from the prompt it extends; past the bound, the oldest are rebuilt."""
+    body_cache_mb: int = 640
+    """Memory for bodies: two thirds hold the text of recent token-id prompts
+    (a turn is assembled from the prompt it extends; past the bound the
+    oldest are rebuilt), one third bodies built ahead of dispatch."""
     responses_state: ResponsesState = ResponsesState.EXPAND
     """Chained Responses requests: expanded inline, or re-chained to live ids."""
 

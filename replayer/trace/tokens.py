@@ -149,9 +149,9 @@ class _Digits:
 
 @dataclass(slots=True)
 class _Prompt:
-    """A recently built prompt's full blocks: their ids (int64 bytes, for a
-    memcmp common-prefix search), their text joined by commas, and where each
-    block's text ends."""
+    """A recently built prompt: its whole blocks' ids (int64 bytes, for a
+    memcmp common-prefix search), its JSON text, and where each whole
+    block's text ends in it."""
 
     ids: bytes
     text: bytes
@@ -248,58 +248,65 @@ class BlockPrompts:
         request_id: str,
         ns: str | None = None,
     ) -> bytes:
-        """:meth:`json` as bytes, the form a body is spliced from."""
+        """:meth:`json` as bytes, the form a body is spliced from: assembled
+        in one copy from the prompt it extends, the blocks it adds, its
+        partial last block and its tail."""
         full, part = divmod(input_tokens, block_size)
         nfull = min(len(block_ids), full)
-        head = self._full_blocks(block_ids[:nfull], block_size, ns) if nfull else b""
+        pieces: list[bytes | memoryview] = [b"["]
+        ends: list[int] = []
+        whole = block_ids[:nfull]
+        ids, key, cands, best, k = b"", None, [], None, 0
+        if nfull:
+            ids = array("q", whole).tobytes()
+            key = (ns, block_size, whole[0])
+            recent = self._prompts.get(key)
+            cands = recent if isinstance(recent, list) else []
+            for c in cands:
+                m = _common_blocks(ids, c.ids)
+                if m > k:
+                    k, best = m, c
+            self.stats["reused_blocks"] += k
+            self.stats["drawn_blocks"] += nfull - k
+            pos = 1
+            if best is not None:
+                pos = best.ends[k - 1]
+                pieces.append(memoryview(best.text)[1:pos])
+                ends = best.ends[:k]
+            if k < nfull:
+                new, new_ends = self._draw_blocks(whole[k:], block_size, ns)
+                if k:
+                    pieces.append(b",")
+                    pos += 1
+                pieces.append(new)
+                ends += [pos + e for e in new_ends]
         rest: list[bytes | memoryview] = []
-        n = nfull * block_size
         if len(block_ids) > full and part:
             raw = hashlib.shake_128(self.space.seed(block_ids[full], block_size, ns)).digest(
                 4 * block_size
             )
             rest.append(self._digits.text(self._offsets(raw[: 4 * part]))[0])
-            n += part
+        n = nfull * block_size + (part if rest else 0)
         if input_tokens > n:
             seed = f"{self.space.salt}:tail:{request_id}".encode()
             raw = hashlib.shake_128(seed).digest(4 * (input_tokens - n))
             rest.append(self._digits.text(self._offsets(raw))[0])
-        if not rest:
-            return b"".join((b"[", head, b"]"))
-        rest[-1] = memoryview(rest[-1])[:-1]  # no comma after the last id
-        return b"".join((b"[", head, b"," if head else b"", *rest, b"]"))
-
-    def _full_blocks(self, block_ids: Sequence[int], block_size: int, ns: str | None) -> bytes:
-        ids = array("q", block_ids).tobytes()
-        key = (ns, block_size, block_ids[0])
-        recent = self._prompts.get(key)
-        cands: list[_Prompt] = recent if isinstance(recent, list) else []
-        k, best = 0, None
-        for c in cands:
-            m = _common_blocks(ids, c.ids)
-            if m > k:
-                k, best = m, c
-        if best is not None and k == len(block_ids) and len(best.ids) == len(ids):
-            self.stats["reused_blocks"] += k
-            return best.text  # the very same blocks: nothing to build
-        self.stats["reused_blocks"] += k
-        self.stats["drawn_blocks"] += len(block_ids) - k
-        if best is not None and k == len(block_ids):  # a prefix of a longer one
-            text, ends = best.text[: best.ends[k - 1]], best.ends[:k]
-        elif best is None:
-            text, ends = self._draw_blocks(block_ids, block_size, ns)
-        else:
-            new, ends = self._draw_blocks(block_ids[k:], block_size, ns)
-            pos = best.ends[k - 1] + 1
-            text = b"".join((memoryview(best.text)[: pos - 1], b",", new))
-            ends = best.ends[:k] + [pos + e for e in ends]
-        prompt = _Prompt(ids, text, ends)
-        # A prompt that extends an older one replaces it; one that stops short
-        # of it (or forks off it) is kept beside it.
-        stale = best if best is not None and 8 * k == len(best.ids) else None
-        kept = [prompt] + [c for c in cands if c is not stale][: PROMPTS_PER_KEY - 1]
-        self._prompts.put(key, kept, sum(len(c.text) + len(c.ids) + 8 * len(c.ends) for c in kept))
-        return text
+        if rest:
+            rest[-1] = memoryview(rest[-1])[:-1]  # no comma after the last id
+            if nfull:
+                pieces.append(b",")
+            pieces += rest
+        pieces.append(b"]")
+        out = b"".join(pieces)
+        if key is not None:
+            prompt = _Prompt(ids, out, ends)
+            # A prompt that extends an older one replaces it; one that stops
+            # short of it (or forks off it) is kept beside it.
+            stale = best if best is not None and 8 * k == len(best.ids) else None
+            kept = [prompt] + [c for c in cands if c is not stale][: PROMPTS_PER_KEY - 1]
+            size = sum(len(c.text) + len(c.ids) + 8 * len(c.ends) for c in kept)
+            self._prompts.put(key, kept, size)
+        return out
 
     def _draw_blocks(
         self, block_ids: Sequence[int], block_size: int, ns: str | None
