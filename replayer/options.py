@@ -148,9 +148,9 @@ POLICY = Group(
         Opt(
             "body_cache_mb",
             int,
-            640,
-            "memory for bodies: recent token-id prompts that later turns extend "
-            "(2/3) and bodies built ahead of dispatch (1/3) (default 640)",
+            512,
+            "memory for bodies built ahead of dispatch, and for recent token-id "
+            "bodies that later turns extend (each, default 512)",
             "MB",
         ),
     ),

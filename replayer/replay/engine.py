@@ -358,7 +358,7 @@ class Replay:
             run.bodies = Bodies(
                 partial(self._body, run),
                 static,
-                ahead_bytes=(self.policy.body_cache_mb << 20) // 3,
+                ahead_bytes=self.policy.body_cache_mb << 20,
                 threaded=self.clock is REAL,
             )
         if self.watch_config is not None:

@@ -102,10 +102,10 @@ class ReplayPolicy:
     """Token-id range for blocks payloads (a model's vocabulary)."""
     save_output: bool = False
     """Keep each response's text in the results (for divergence checks)."""
-    body_cache_mb: int = 640
-    """Memory for bodies: two thirds hold the text of recent token-id prompts
-    (a turn is assembled from the prompt it extends; past the bound the
-    oldest are rebuilt), one third bodies built ahead of dispatch."""
+    body_cache_mb: int = 512
+    """Memory for bodies built ahead of dispatch, and for recent token-id
+    bodies that later turns extend (past it the oldest are rebuilt). A
+    token-id body built ahead is the same bytes object in both."""
     responses_state: ResponsesState = ResponsesState.EXPAND
     """Chained Responses requests: expanded inline, or re-chained to live ids."""
 

@@ -109,7 +109,7 @@ async def replay_to_dir(
         trace.set_token_space(
             TokenSpace(policy.token_range[0], policy.token_range[1], trace.tokens.salt)
         )
-    trace.set_body_cache((policy.body_cache_mb << 20) * 2 // 3)
+    trace.set_body_cache(policy.body_cache_mb << 20)
     plan = build_plan(trace, rows, policy)
     interrupted = False
     os.makedirs(out, exist_ok=True)  # a run directory of our own; instant

@@ -509,16 +509,29 @@ class Trace:
         kind = Kind(self.column("kind")[row])
         params = orjson.loads(self.params_text(row, _cell))
         key = kind.content_key
+        content = None
         if key is not None:
             content = _content if _content is not None else self.content(row)
-            params[key] = orjson.Fragment(self._content_json(row, kind, content))
+            blocks = kind is Kind.BLOCKS
+            params[key] = orjson.Fragment(
+                _MARK if blocks else self._content_json(row, kind, content)
+            )
         if patch:
             for k, v in patch.items():
                 if v is None:
                     params.pop(k, None)
                 else:
                     params[k] = v
-        return orjson.dumps(params)
+        out = orjson.dumps(params)
+        at = out.find(_MARK) if kind is Kind.BLOCKS else -1
+        if at >= 0 and content is not None:
+            # the token ids are assembled straight into the body: one copy
+            c = self.column
+            return self._prompts.json_bytes(
+                content, c("block_size")[row], c("input_tokens")[row], c("request_id")[row],
+                c("block_ns")[row], prefix=out[:at], suffix=out[at + len(_MARK) :],
+            )  # fmt: skip
+        return out
 
     def body(self, row: int) -> dict[str, Any]:
         """The request body as a dict (equal as JSON to the recorded one)."""
@@ -651,6 +664,11 @@ class Trace:
         """Bound the memory that holds recent token-id prompts for reuse."""
         if nbytes != self._prompts.cache_bytes:
             self._prompts = BlockPrompts(self.tokens, nbytes)
+
+
+_MARK = b"\x00prompt\x00"
+"""Where a blocks body's token ids go: a NUL never appears in orjson's output
+(it escapes control characters), so the mark is found exactly once."""
 
 
 def _to_list(col: pa.ChunkedArray) -> list[Any]:

@@ -150,12 +150,14 @@ class _Digits:
 @dataclass(slots=True)
 class _Prompt:
     """A recently built prompt: its whole blocks' ids (int64 bytes, for a
-    memcmp common-prefix search), its JSON text, and where each whole
-    block's text ends in it."""
+    memcmp common-prefix search), the bytes it was built into (a whole
+    request body, the array at ``base``), and where each whole block's text
+    ends, counted from the array's ``[``."""
 
     ids: bytes
     text: bytes
     ends: list[int]
+    base: int = 0
 
 
 class _LRU:
@@ -247,13 +249,18 @@ class BlockPrompts:
         input_tokens: int,
         request_id: str,
         ns: str | None = None,
+        *,
+        prefix: bytes = b"",
+        suffix: bytes = b"",
     ) -> bytes:
-        """:meth:`json` as bytes, the form a body is spliced from: assembled
-        in one copy from the prompt it extends, the blocks it adds, its
-        partial last block and its tail."""
+        """:meth:`json` as bytes, between ``prefix`` and ``suffix`` (the rest
+        of a request body): assembled in one copy from the prompt it extends,
+        the blocks it adds, its partial last block and its tail. The result
+        is kept as the text later turns extend: a body built ahead and the
+        cache share one copy."""
         full, part = divmod(input_tokens, block_size)
         nfull = min(len(block_ids), full)
-        pieces: list[bytes | memoryview] = [b"["]
+        pieces: list[bytes | memoryview] = [prefix, b"["]
         ends: list[int] = []
         whole = block_ids[:nfull]
         ids, key, cands, best, k = b"", None, [], None, 0
@@ -271,7 +278,7 @@ class BlockPrompts:
             pos = 1
             if best is not None:
                 pos = best.ends[k - 1]
-                pieces.append(memoryview(best.text)[1:pos])
+                pieces.append(memoryview(best.text)[best.base + 1 : best.base + pos])
                 ends = best.ends[:k]
             if k < nfull:
                 new, new_ends = self._draw_blocks(whole[k:], block_size, ns)
@@ -296,10 +303,10 @@ class BlockPrompts:
             if nfull:
                 pieces.append(b",")
             pieces += rest
-        pieces.append(b"]")
+        pieces += (b"]", suffix)
         out = b"".join(pieces)
         if key is not None:
-            prompt = _Prompt(ids, out, ends)
+            prompt = _Prompt(ids, out, ends, len(prefix))
             # A prompt that extends an older one replaces it; one that stops
             # short of it (or forks off it) is kept beside it.
             stale = best if best is not None and 8 * k == len(best.ids) else None
