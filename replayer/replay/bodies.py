@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 
+HORIZON_S = 1.0
+"""Bodies due within this many seconds of the schedule's now are built ahead."""
 AHEAD_MAX = 4096
 """Bodies built ahead at most, whatever their size (each holds a result slot)."""
 
@@ -45,7 +48,14 @@ class Bodies:
         *,
         ahead_bytes: int,
         threaded: bool = True,
+        due: Sequence[float] | None = None,
+        horizon: float = HORIZON_S,
     ) -> None:
+        """``due``: each position's earliest send time (seconds after T0);
+        only bodies due within ``horizon`` of the schedule's now are built
+        ahead, so after a burst the worker does not take the core from the
+        sends for bodies nobody needs yet. The schedule's now is 0 until
+        :meth:`start` gives T0."""
         self._build = build
         self._static = static
         self._budget = ahead_bytes
@@ -57,10 +67,27 @@ class Bodies:
         self._next = 0
         self._ahead = 0
         self._closed = False
+        self._due = due
+        self._horizon = horizon
+        self._t0: float | None = None
+        self._newest: Future[bytes] | None = None
         self._thread: threading.Thread | None = None
         if threaded:
             self._thread = threading.Thread(target=self._work, name="replayer-bodies", daemon=True)
             self._thread.start()
+
+    def start(self, t0: float) -> None:
+        """The schedule starts: ``t0`` on :func:`time.monotonic`'s clock."""
+        with self._cv:
+            self._t0 = t0
+            self._cv.notify()
+
+    def _wait_s(self, i: int) -> float:
+        """Seconds until position ``i`` is within the horizon (<= 0: now)."""
+        if self._due is None:
+            return 0.0
+        now = 0.0 if self._t0 is None else time.monotonic() - self._t0
+        return self._due[i] - self._horizon - now
 
     async def get(self, i: int) -> bytes:
         """The body of plan position ``i`` (each position asked for once)."""
@@ -87,9 +114,11 @@ class Bodies:
         deadline = loop.time() + within
         for _ in range(int(within / 0.01) + 1):  # bounded by ``within``
             with self._cv:
-                last = self._ready.get(min(k, len(self._static)) - 1)
+                last = self._newest  # the worker finished what it started
                 full = self._ahead >= self._budget or len(self._ready) >= AHEAD_MAX
-                stuck = self._next >= k and (last is None or last.done())
+                n = len(self._static)
+                later = self._next < n and self._wait_s(self._next) > 0  # not due soon
+                stuck = (self._next >= k or later) and (last is None or last.done())
                 if full or stuck or loop.time() >= deadline:
                     return sum(f.done() for f in self._ready.values())
             await asyncio.sleep(0.01)
@@ -128,7 +157,7 @@ class Bodies:
                 for _ in range(1_000_000):  # bounded; each wait ends on notify or 1 s
                     if job is not None or self._closed:
                         break
-                    self._cv.wait(timeout=1.0)
+                    self._cv.wait(timeout=self._idle_s(n))
                     job = self._pick(n)
                 if job is None:
                     return
@@ -145,6 +174,13 @@ class Bodies:
             with contextlib.suppress(InvalidStateError):
                 fut.set_result(body)
 
+    def _idle_s(self, n: int) -> float:
+        """How long the worker may sleep: until the next body enters the
+        horizon, at most 1 s (a notify wakes it sooner)."""
+        if self._next < n and self._due is not None:
+            return min(1.0, max(0.001, self._wait_s(self._next)))
+        return 1.0
+
     def _pick(self, n: int) -> tuple[int, Future[bytes], bool] | None:
         """The next job, under the lock: an asked-for body first, then the
         next static one in plan order while the budget has room."""
@@ -157,11 +193,14 @@ class Bodies:
             if self._ahead >= self._budget or len(self._ready) >= AHEAD_MAX:
                 return None
             i = self._next
+            if self._wait_s(i) > 0 and not (i in self._taken or not self._static[i]):
+                return None  # not due soon: nothing to build yet
             if i in self._taken or not self._static[i]:
                 self._next += 1
                 continue
             self._next += 1
             fut: Future[bytes] = Future()
             self._ready[i] = fut
+            self._newest = fut
             return i, fut, True
         return None

@@ -360,6 +360,8 @@ class Replay:
                 static,
                 ahead_bytes=self.policy.body_cache_mb << 20,
                 threaded=self.clock is REAL,
+                due=None if self.policy.timing is Timing.ASAP else self.plan.start,
+                horizon=WARM_S,
             )
         if self.watch_config is not None:
             if self.out is not None:
@@ -380,6 +382,9 @@ class Replay:
             )
             # T0 after every set-up step: no request is late because of start-up.
             self.t0 = self.clock.now() + 0.005
+            for run in self.runs.values():
+                if run.bodies is not None:
+                    run.bodies.start(self.t0)
             for run in self.runs.values():
                 if run.watch is not None:
                     run.watch.start(self.t0)

@@ -92,3 +92,20 @@ async def test_inline_on_a_virtual_clock() -> None:
     assert await bodies.get(2) == b"2:" + b"x" * 10
     assert build.order == [2] and build.threads == {threading.current_thread().name}
     bodies.close()
+
+
+async def test_only_bodies_due_soon_are_built_ahead() -> None:
+    """Bodies due within the horizon of the schedule's now; the rest once the
+    schedule reaches them (here: a T0 ten seconds ago, so all are due)."""
+    import time
+
+    build = Builder()
+    bodies = Bodies(build, [True] * 4, ahead_bytes=1 << 20, due=[0, 0.5, 5, 6], horizon=1.0)
+    try:
+        await bodies.warm(4, within=30)
+        assert build.order == [0, 1]  # before T0 the schedule's now is 0
+        bodies.start(time.monotonic() - 10)
+        assert [await bodies.get(i) for i in range(4)] == [b"%d:" % i + b"x" * 10 for i in range(4)]
+        assert build.order == [0, 1, 2, 3]
+    finally:
+        bodies.close()
