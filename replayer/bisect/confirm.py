@@ -12,6 +12,7 @@ import orjson
 from replayer._files import read_jsonl
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.runner import observed
+from replayer.bisect.stats import repeats_for
 
 if TYPE_CHECKING:
     from replayer.bisect.pipeline import Bisect
@@ -24,6 +25,39 @@ async def confirm(b: Bisect) -> None:
         await b.oracle.run_once(b.best, "confirm")
     if b.control is not None:
         await control_runs(b, n)
+
+
+REVISIT_MAX = 64
+"""Requests a revisit tries to drop at most (latest first)."""
+
+
+async def revisit(b: Bisect) -> bool:
+    """A flaky result may still hold requests the search dropped nothing for:
+    a sub-candidate dismissed after quiet runs its own rate made likely (at
+    p = 0.5 one quiet run dismisses a crashing candidate half the time).
+    Once the confirm runs have measured the result's own rate, each request
+    but the crashing last is left out in turn, latest first, and kept out
+    if the rest crashes within the runs that rate needs (95%). A
+    deterministic result (every confirm run crashed) is final as it is.
+    True when the result got smaller."""
+    k, n = confirm_counts(b)
+    if n == 0 or k in (0, n):
+        return False
+    runs = repeats_for(k / n)
+    kept = list(b.best.positions)
+    changed = False
+    for p in list(reversed(kept[:-1]))[:REVISIT_MAX]:
+        without = b.candidate([q for q in kept if q != p])
+        for _ in range(runs):
+            rec = await b.oracle.run_once(without, "revisit")
+            if rec.outcome is Outcome.MATCH:
+                kept = list(without.positions)
+                b.improve(without, "revisit")
+                changed = True
+                break
+    if changed:
+        b.say(f"== revisit: {len(kept):,} requests (each left out {runs} run(s) at most)")
+    return changed
 
 
 def confirm_counts(b: Bisect) -> tuple[int, int]:

@@ -474,6 +474,8 @@ class Bisect:
                     self.say(self.plan())
             if self.opts.confirm:
                 await _confirm.confirm(self)
+                if await _confirm.revisit(self):
+                    await _confirm.confirm(self)  # the smaller result's own runs
                 self.stages_done.append("confirm")
             if self.vary is not None:
                 await self.vary(self)

@@ -50,12 +50,15 @@ class Bodies:
         threaded: bool = True,
         due: Sequence[float] | None = None,
         horizon: float = HORIZON_S,
+        lock: threading.Lock | None = None,
     ) -> None:
         """``due``: each position's earliest send time (seconds after T0);
         only bodies due within ``horizon`` of the schedule's now are built
         ahead, so after a burst the worker does not take the core from the
         sends for bodies nobody needs yet. The schedule's now is 0 until
-        :meth:`start` gives T0."""
+        :meth:`start` gives T0. ``lock``: held around every build; one lock
+        for all the workers of one replay (one per target), whose builders
+        share the trace's caches."""
         self._build = build
         self._static = static
         self._budget = ahead_bytes
@@ -71,6 +74,7 @@ class Bodies:
         self._horizon = horizon
         self._t0: float | None = None
         self._newest: Future[bytes] | None = None
+        self._lock = lock or threading.Lock()
         self._thread: threading.Thread | None = None
         if threaded:
             self._thread = threading.Thread(target=self._work, name="replayer-bodies", daemon=True)
@@ -92,7 +96,8 @@ class Bodies:
     async def get(self, i: int) -> bytes:
         """The body of plan position ``i`` (each position asked for once)."""
         if not self._threaded:
-            return self._build(i)
+            with self._lock:
+                return self._build(i)
         with self._cv:
             self._taken.add(i)  # never built ahead again
             fut = self._ready.pop(i, None)
@@ -163,7 +168,8 @@ class Bodies:
                     return
                 i, fut, ahead = job
             try:
-                body = self._build(i)
+                with self._lock:
+                    body = self._build(i)
             except BaseException as exc:  # delivered to the dispatcher, which raises it
                 with contextlib.suppress(InvalidStateError):  # its waiter was cancelled
                     fut.set_exception(exc)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -354,6 +355,7 @@ class Replay:
             )
             self.runs[t.name] = run
         static = [self._static(row) for row in self.plan.rows]
+        shared = threading.Lock()  # the targets' builders share the trace's caches
         for run in self.runs.values():
             run.bodies = Bodies(
                 partial(self._body, run),
@@ -362,6 +364,7 @@ class Replay:
                 threaded=self.clock is REAL,
                 due=None if self.policy.timing is Timing.ASAP else self.plan.start,
                 horizon=WARM_S,
+                lock=shared,
             )
         if self.watch_config is not None:
             if self.out is not None:
