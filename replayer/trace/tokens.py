@@ -74,9 +74,9 @@ class TokenSpace:
         return self._ids(f"{self.salt}:tail:{request_id}".encode(), n).tolist()  # type: ignore[no-any-return]
 
     def _ids(self, seed: bytes, n: int) -> npt.NDArray[np.uint64]:
-        return _offsets(hashlib.shake_128(seed).digest(4 * n), self.hi - self.lo) + np.uint64(
-            self.lo
-        )
+        return _offsets(hashlib.shake_128(seed).digest(4 * n), self.hi - self.lo).astype(
+            np.uint64
+        ) + np.uint64(self.lo)
 
     @property
     def fixed_width(self) -> int | None:
@@ -85,12 +85,13 @@ class TokenSpace:
         return w if len(str(self.hi - 1)) == w else None
 
 
-def _offsets(raw: bytes, span: int) -> npt.NDArray[np.uint64]:
-    """``v % span`` of each little-endian uint32 of ``raw`` (an id less ``lo``)."""
+def _offsets(raw: bytes, span: int) -> npt.NDArray[np.intp]:
+    """``v % span`` of each little-endian uint32 of ``raw`` (an id less
+    ``lo``), as the index type the digit table is gathered with."""
     v = np.frombuffer(raw, dtype="<u4")
     if span < 1 << 32:
-        return (v % np.uint32(span)).astype(np.uint64)
-    return v.astype(np.uint64)
+        return (v % np.uint32(span)).astype(np.intp)
+    return v.astype(np.intp)
 
 
 class _Digits:
@@ -130,15 +131,14 @@ class _Digits:
             p *= 10
         return nd + 1  # with its comma
 
-    def text(self, off: npt.NDArray[np.uint64]) -> tuple[bytes, npt.NDArray[np.int64] | None]:
+    def text(self, off: npt.NDArray[np.intp]) -> tuple[bytes, npt.NDArray[np.int64] | None]:
         """The ids ``lo + off`` as ``"a,b,...,z,"`` (a comma after every id) and,
         when widths vary, each id's byte length with its comma."""
         if self._table is not None and self._lens is not None:
-            idx = off.astype(np.intp)
-            rows = self._table.take(idx, axis=0)
-            lens = None if self.fixed else self._lens.take(idx)
+            rows = self._table.take(off, axis=0)
+            lens = None if self.fixed else self._lens.take(off)
         else:
-            ids = off + np.uint64(self.space.lo)
+            ids = off.astype(np.uint64) + np.uint64(self.space.lo)
             rows = self._rows(ids)
             lens = None if self.fixed else self._widths(ids)
         if lens is None:
@@ -228,7 +228,7 @@ class BlockPrompts:
             out.extend(self.space.block(block_ids[full], block_size, ns)[:part])
         return out + self.space.tail(request_id, input_tokens - len(out))
 
-    def _offsets(self, raw: bytes) -> npt.NDArray[np.uint64]:
+    def _offsets(self, raw: bytes) -> npt.NDArray[np.intp]:
         return _offsets(raw, self.space.hi - self.space.lo)
 
     def json(
