@@ -63,12 +63,12 @@ from replayer.wire import Reply as StreamStats
 log = logging.getLogger("replayer.replay")
 
 _BODY_LEAD = 0.05
+"""Seconds before its due time a session builds its next body (long contexts
+take milliseconds to serialize)."""
 WARM_S = 1.0
 """Bodies due within this many seconds of T0 are built before T0."""
 WARM_TIMEOUT = 30.0
 """Real seconds the start waits for them at most (past it, T0 and lag)."""
-"""Seconds before its due time a session builds its next body (long contexts
-take milliseconds to serialize)."""
 
 
 class Sender(Protocol):
