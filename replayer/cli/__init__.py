@@ -62,7 +62,18 @@ INTERRUPTIBLE = frozenset({"replay", "check", "bisect", "bundle", "soak", "sweep
 """Commands that run servers and trials: SIGTERM stops them as Ctrl-C does."""
 
 
+_terminating = False
+
+
 def _term_as_interrupt(signum: int, frame: object) -> None:
+    """The first SIGTERM is a Ctrl-C; later ones are ignored: a second SIGINT
+    makes asyncio raise KeyboardInterrupt inside the clean-up that writes the
+    results (a supervisor that repeats SIGTERM would lose them). A second
+    Ctrl-C still forces."""
+    global _terminating
+    if _terminating:
+        return
+    _terminating = True
     signal.raise_signal(signal.SIGINT)
 
 
@@ -119,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"replayer {args.command}: error: {flag_words(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        from replayer.replay.results import close_open_writers
+
+        close_open_writers()  # a forced interrupt skipped the replay's own close
         print(f"replayer {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -104,12 +104,19 @@ def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
     # that does not stop in time (a replay stuck on a hung server may not
     # notice the cancellation) is stopped hard, servers included, so serve's
     # SIGKILL never has to orphan them.
+    #
+    # Only the first SIGTERM acts. PR_SET_PDEATHSIG fires once per thread of
+    # the dead serve as the worker is handed from one to the next, so one
+    # SIGKILLed serve sends several within milliseconds; a second SIGINT would
+    # make asyncio raise KeyboardInterrupt in the middle of the clean-up and
+    # the replay's results would never be closed (seen: an empty results.arrow).
     global _escalation
-    if _escalation is None:
-        grace = float(os.environ.get("REPLAYER_WORKER_STOP_GRACE", "20"))
-        _escalation = threading.Timer(grace, _hard_stop)
-        _escalation.daemon = True
-        _escalation.start()
+    if _escalation is not None:
+        return
+    grace = float(os.environ.get("REPLAYER_WORKER_STOP_GRACE", "20"))
+    _escalation = threading.Timer(grace, _hard_stop)
+    _escalation.daemon = True
+    _escalation.start()
     signal.raise_signal(signal.SIGINT)
 
 

@@ -371,7 +371,10 @@ class Replay:
                 self.metrics = MetricsWriter(self.out / "metrics.arrow")
             for run in self.runs.values():
                 run.watch = self._make_watch(run)
-        ticker = spawn(self._tick(), name="replay-progress") if self.on_tick else None
+        # the tick also flushes results (on real time only: on a virtual
+        # clock a periodic timer would make idle waits look busy)
+        ticking = self.on_tick is not None or self.clock is REAL
+        ticker = spawn(self._tick(), name="replay-progress") if ticking else None
         try:
             watches = [r.watch for r in self.runs.values() if r.watch is not None]
             await asyncio.gather(*(w.prime() for w in watches))
@@ -491,6 +494,7 @@ class Replay:
             await self.clock.sleep(0.5)
             if self.on_tick:
                 self.on_tick(self)
+            self.writer.flush_due()
 
     # -- dispatch ------------------------------------------------------------
 

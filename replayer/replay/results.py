@@ -2,13 +2,14 @@
 
 Every request of the selection appears exactly once per target, sent or not,
 with the reason (``status``). Rows stream to ``RUN/results.arrow`` (Arrow IPC
-stream, flushed every second), so a replayer killed mid-run keeps what it
+stream, flushed at least every second), so a replayer killed mid-run keeps what it
 measured. Times are microseconds after the shared anchor T0.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -131,6 +132,11 @@ class ResultsWriter:
         self._interval = flush_interval
         self._last = time.monotonic()
         self.written = 0
+        # pyarrow writes the schema with the first batch: an empty one now,
+        # so the file is a readable (empty) stream however the run ends
+        self._w.write_batch(pa.RecordBatch.from_pylist([], schema=SCHEMA))
+        self._sink.flush()
+        _open.add(self)
 
     def add(self, r: Result) -> None:
         if self.on_add is not None:
@@ -138,7 +144,16 @@ class ResultsWriter:
         self._rows.append(r)
         # A batch is written on the event loop: a second of a fast replay's
         # results at once (~900 rows) held it ~30 ms; 256 rows hold it a few.
-        if len(self._rows) >= FLUSH_ROWS or time.monotonic() - self._last >= self._interval:
+        if len(self._rows) >= FLUSH_ROWS:
+            self.flush()
+        else:
+            self.flush_due()
+
+    def flush_due(self) -> None:
+        """Flush if a second has passed since the last flush. The replay
+        calls it on its progress tick too: results that settled just before
+        a target hung must not wait in memory for the next one to settle."""
+        if self._rows and time.monotonic() - self._last >= self._interval:
             self.flush()
 
     def flush(self) -> None:
@@ -153,11 +168,23 @@ class ResultsWriter:
         self._last = time.monotonic()
 
     def close(self) -> None:
+        _open.discard(self)
         if self._sink.closed:
             return
         self.flush()
         self._w.close()
         self._sink.close()
+
+
+_open: weakref.WeakSet[ResultsWriter] = weakref.WeakSet()
+
+
+def close_open_writers() -> None:
+    """Close every results file still open. The CLI calls it when a forced
+    interrupt (a second Ctrl-C) cut a replay's clean-up short: the results
+    already measured are written instead of lost."""
+    for w in list(_open):
+        w.close()
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -197,16 +198,24 @@ def test_a_hang_that_takes_health_down_too_is_a_hang(emulator_factory, tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("sig", "api"),
-    [(signal.SIGINT, "up"), (signal.SIGTERM, "up"), (signal.SIGTERM, "stall")],
-    ids=["SIGINT", "SIGTERM", "SIGTERM-health-stalled"],
+    ("sig", "api", "times"),
+    [
+        (signal.SIGINT, "up", 1),
+        (signal.SIGTERM, "up", 1),
+        (signal.SIGTERM, "stall", 1),
+        (signal.SIGTERM, "up", 50),
+    ],
+    ids=["SIGINT", "SIGTERM", "SIGTERM-health-stalled", "SIGTERM-repeated"],
 )
 def test_interrupt_during_a_hang_stops_at_once_and_keeps_every_result(
-    emulator_factory, tmp_path, sig, api
+    emulator_factory, tmp_path, sig, api, times
 ):
     # a hung engine never answers: Ctrl-C (or SIGTERM) must not wait for it, nor
     # for the generous request timeout, and every request still gets its row;
-    # with the API stalled too, a /health probe is waiting when the signal comes
+    # with the API stalled too, a /health probe is waiting when the signal comes.
+    # SIGTERM repeated every 20 ms while it stops (PDEATHSIG from each thread of
+    # a killed parent; a supervisor that repeats it) is one interrupt: the later ones once cut the
+    # clean-up short and left an empty results.arrow
 
     emu = emulator_factory(["--speed", "instant", "--fault", f"hang api={api} when request=3"])
     cmd = [sys.executable, "-m", "replayer", "replay", str(SAMPLE), "--target", emu.url]
@@ -226,11 +235,18 @@ def test_interrupt_during_a_hang_stops_at_once_and_keeps_every_result(
             time.sleep(0.05)  # polling the server's log: the condition, not a delay
         assert len(emu.read_request_log()) >= 3, "the hang was never reached"
         proc.send_signal(sig)
+        for _ in range(times - 1):  # repeated while it stops, as a parent's threads exit
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.02)
+            if proc.poll() is None and not (tmp_path / "r" / "summary.json").exists():
+                proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
         proc.communicate()  # reap it and close its pipes, even when the test failed
-    assert proc.returncode == 130, err
+    # one that lands during interpreter shutdown meets the default action
+    # (Python restores it there): main() had returned 130 by then (the line)
+    assert proc.returncode == 130 or (times > 1 and proc.returncode == -sig), err
     assert err.strip().splitlines()[-1] == "replayer replay: interrupted"
     assert "Traceback" not in err and "Unclosed" not in err, err
     summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
