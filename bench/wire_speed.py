@@ -275,9 +275,11 @@ def prebuilt_child(trace: str, n: int, seconds: float, url: str) -> None:
     print(json.dumps(asyncio.run(go())))
 
 
-def measure(url: str, cmd: list[str], log: Path, timeout: float) -> dict[str, Any]:
+def measure(
+    url: str, cmd: list[str], log: Path, timeout: float, pin: int | None = SEND_CPU
+) -> dict[str, Any]:
     _get(url, "/reset")
-    run = run_child(cmd, log=log, timeout=timeout, cpu=SEND_CPU)
+    run = run_child(cmd, log=log, timeout=timeout, cpu=pin)
     if run.rc not in (0, 1):
         raise RuntimeError(f"{cmd[:4]} exited {run.rc}: {run.log_tail(800)}")
     st = _get(url, "/stats")
@@ -315,7 +317,7 @@ def side_by_side(
         cmd += ["--limit", str(n)]
     out["replayer"] = measure(url, cmd, WORK / f"{label}-replayer.log", 1800)
     summary = json.loads((run_dir / "summary.json").read_text())["targets"]["target"]
-    out["replayer"]["ok"] = summary.get("ok")
+    out["replayer"]["ok"] = summary["status"].get("ok")
     pb = out["prebuilt"]["mb_per_s"]
     if pb and out["replayer"]["mb_per_s"]:
         out["ratio_vs_prebuilt"] = round(out["replayer"]["mb_per_s"] / pb, 3)
@@ -447,6 +449,38 @@ def pace(url: str, trace: Path) -> dict[str, Any]:
     return out
 
 
+def workers(url: str, trace: Path, n: int, repeat: int) -> dict[str, Any]:
+    """``--workers 1`` on one core, ``--workers 1`` and ``--workers 2`` on
+    both (the sink shares one): the first ``n`` blocks requests as fast as
+    they go, strict order; ``repeat`` rounds, interleaved (this VM drifts),
+    the median run of each kept. CPU is the replayer's process tree's,
+    workers included; ``cores`` is that CPU over the process's wall time."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    configs = (("1-one-core", 1, SEND_CPU), ("1", 1, None), ("2", 2, None))
+    for _ in range(repeat):
+        for label, k, cpu in configs:
+            run_dir = WORK / f"workers-{label}"
+            cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
+                   "--out", str(run_dir), "--force", "--quiet", "--timing", "asap",
+                   "--no-monitor", "--max-inflight", str(CONCURRENCY), "--model", MODEL,
+                   "--workers", str(k), "--limit", str(n)]  # fmt: skip
+            m = measure(url, cmd, WORK / f"workers-{label}.log", 1800, pin=cpu)
+            summary = json.loads((run_dir / "summary.json").read_text())
+            m["ok"] = summary["targets"]["target"]["status"].get("ok")
+            m["body_workers"] = summary.get("body_workers")
+            m["cores"] = round(m["sender_cpu_s"] / m["process_wall_s"], 2)
+            runs.setdefault(label, []).append(m)
+    out: dict[str, Any] = {}
+    for label, ms in runs.items():
+        ms.sort(key=lambda m: m["mb_per_s"] or 0)
+        out[label] = {**ms[len(ms) // 2], "all_mb_per_s": [m["mb_per_s"] for m in ms]}
+    for base in ("1-one-core", "1"):
+        a, b = out[base]["mb_per_s"], out["2"]["mb_per_s"]
+        if a and b:
+            out[f"speedup_vs_{base}"] = round(b / a, 2)
+    return out
+
+
 def sigterm(url: str, trace: Path, runs: int) -> dict[str, Any]:
     """SIGTERM at a random moment of a replay (start-up, the T0 burst, steady
     sending): seconds until the process is gone, and how it exited."""
@@ -506,7 +540,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     )
     ap.add_argument("--seconds", type=float, default=8.0, help="raw and prebuilt send time")
     ap.add_argument("--sigterm-runs", type=int, default=20, help="replays stopped by SIGTERM")
-    ap.add_argument("--only", choices=("speed", "pace", "sigterm"), help="one part only")
+    ap.add_argument("--only", choices=("speed", "pace", "sigterm", "workers"), help="one part only")
+    ap.add_argument(
+        "--workers-requests", type=int, default=12000, help="blocks requests, workers 1 vs 2"
+    )
+    ap.add_argument("--workers-repeat", type=int, default=3, help="rounds of workers 1 vs 2")
     args = ap.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
     fig: dict[str, Any] = {"cores": os.cpu_count()}
@@ -522,6 +560,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             fig["pace"] = pace(url, blocks)
         if args.only in (None, "sigterm"):
             fig["sigterm"] = sigterm(url, blocks, args.sigterm_runs)
+        if args.only in (None, "workers"):
+            fig["workers"] = workers(url, blocks, args.workers_requests, args.workers_repeat)
     print(render(fig))
     return fig
 
@@ -540,6 +580,19 @@ def render(fig: dict[str, Any]) -> str:
             f"recorded pace {speed}: lag p50 {p['lag_p50_ms']} / p99 {p['lag_p99_ms']} / max "
             f"{p['lag_max_ms']} ms; loop stall p99.9 {st.get('p99_9')} / max {st.get('max')} ms; "
             f"peak RSS {p['maxrss_mb']} MB"
+        )
+    if "workers" in fig:
+        w = fig["workers"]
+        for k in ("1-one-core", "1", "2"):
+            m = w[k]
+            lines.append(
+                f"--workers {k}: {m['mb_per_s']} MB/s, {m['cpu_ms_per_mb']} CPU ms/MB, "
+                f"{m['cores']} cores busy, {m['mb']} MB, ok {m['ok']}, "
+                f"peak RSS {m['maxrss_mb']} MB (runs: {m['all_mb_per_s']} MB/s)"
+            )
+        lines.append(
+            f"--workers 2 / --workers 1: {w.get('speedup_vs_1')}x "
+            f"(/ --workers 1 on one core: {w.get('speedup_vs_1-one-core')}x)"
         )
     if "blocks" not in fig:
         return "\n".join(lines)

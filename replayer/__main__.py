@@ -2,4 +2,5 @@
 
 from replayer.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a worker process (spawn) imports it as __mp_main__
+    raise SystemExit(main())

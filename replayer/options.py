@@ -153,6 +153,14 @@ POLICY = Group(
             "bodies that later turns extend (each, default 512)",
             "MB",
         ),
+        Opt(
+            "workers",
+            int,
+            1,
+            "processes that build request bodies, sessions dealt among them "
+            "(default 1: a thread); order, timing and results stay in one process",
+            "N",
+        ),
     ),
 )
 
@@ -434,6 +442,7 @@ def replay_policy(values: Mapping[str, Any]) -> ReplayPolicy:
             token_range=token_range,
             save_output=bool(v["save_output"]),
             body_cache_mb=int(v["body_cache_mb"]),
+            workers=int(v["workers"]),
         )
     except ValueError as exc:  # ReplayPolicy's own bounds name their field first
         name, _, problem = str(exc).partition(" ")

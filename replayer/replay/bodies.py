@@ -23,6 +23,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from replayer.wire import Api, api_for_path
+
+if TYPE_CHECKING:
+    from replayer.trace.reader import Trace
 
 HORIZON_S = 1.0
 """Bodies due within this many seconds of the schedule's now are built ahead."""
@@ -105,7 +113,12 @@ class Bodies:
                 fut = Future()
                 self._urgent.append((i, fut))
                 self._cv.notify()
-            else:  # built ahead: its bytes leave the budget once it is taken
+            elif fut.done():  # built ahead: its bytes leave the budget now
+                if fut.exception() is None:
+                    self._ahead -= len(fut.result())
+                    self._cv.notify()
+                return fut.result()  # (no loop round trip for a body that is ready)
+            else:  # being built: its bytes leave the budget once it is taken
                 fut.add_done_callback(self._release)
         return await asyncio.wrap_future(fut)
 
@@ -210,3 +223,22 @@ class Bodies:
             self._newest = fut
             return i, fut, True
         return None
+
+
+def body_patch(
+    trace: Trace, row: int, base: dict[str, Any], force_stream: bool
+) -> dict[str, Any] | None:
+    """What a replay changes in a row's recorded body (``base``: the model);
+    the body workers (:mod:`replayer.replay.workers`) apply the same."""
+    if not force_stream:
+        return base or None
+    patch = dict(base)
+    patch["stream"] = True
+    if api_for_path(trace.column("path")[row]) in (Api.MESSAGES, Api.RESPONSES):
+        return patch  # their streams always carry usage; stream_options is not theirs
+    opts = {"include_usage": True}
+    params = orjson.loads(trace.params_text(row))
+    if isinstance(params.get("stream_options"), dict):
+        opts = {**params["stream_options"], "include_usage": True}
+    patch["stream_options"] = opts
+    return patch

@@ -50,11 +50,12 @@ from replayer.monitor.watch import (
     WatchConfig,
 )
 from replayer.replay import client
-from replayer.replay.bodies import Bodies
+from replayer.replay.bodies import Bodies, body_patch
 from replayer.replay.client import Endpoint, TargetFacts
 from replayer.replay.plan import Plan
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, ResponsesState, Timing
 from replayer.replay.results import Result, ResultsWriter, Status
+from replayer.replay.workers import ProcBodies, spec_of
 from replayer.trace.reader import BodyBuilder, Trace
 from replayer.trace.schema import Kind
 from replayer.wire import Api, api_for_path
@@ -158,7 +159,7 @@ class TargetRun:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     inflight_map: dict[int, InFlight] = field(default_factory=dict)
     watch: TargetWatch | None = None
-    bodies: Bodies | None = None
+    bodies: Bodies | ProcBodies | None = None
     """Bodies built off the loop, ahead of dispatch (set when the run starts)."""
     report: FailureReport | None = None
     prefix_cache: dict[str, float] | None = None
@@ -276,18 +277,7 @@ class Replay:
     # -- set-up --------------------------------------------------------------
 
     def _body_patch(self, row: int) -> dict[str, Any] | None:
-        if not self.policy.force_stream:
-            return self._patch or None
-        patch = dict(self._patch)
-        patch["stream"] = True
-        if api_for_path(self._path[row]) in (Api.MESSAGES, Api.RESPONSES):
-            return patch  # their streams always carry usage; stream_options is not theirs
-        opts = {"include_usage": True}
-        params = orjson.loads(self.trace.params_text(row))
-        if isinstance(params.get("stream_options"), dict):
-            opts = {**params["stream_options"], "include_usage": True}
-        patch["stream_options"] = opts
-        return patch
+        return body_patch(self.trace, row, self._patch, self.policy.force_stream)
 
     def _new_results(self, name: str) -> list[Result]:
         return [
@@ -300,6 +290,13 @@ class Replay:
             )
             for r in self.plan.rows
         ]
+
+    def body_workers(self) -> dict[str, Any] | None:
+        """``--workers``: how many built bodies, and the deaths among them."""
+        procs = [r.bodies for r in self.runs.values() if isinstance(r.bodies, ProcBodies)]
+        if not procs:
+            return None
+        return {"workers": procs[0].n, "died": [d for p in procs for d in p.died]}
 
     def snapshot(self) -> dict[str, TargetSnapshot]:
         """Every target's live state now (cheap; safe to call from an observer)."""
@@ -356,13 +353,33 @@ class Replay:
             self.runs[t.name] = run
         static = [self._static(row) for row in self.plan.rows]
         shared = threading.Lock()  # the targets' builders share the trace's caches
+        due_at = None if self.policy.timing is Timing.ASAP else self.plan.start
+        spec = spec_of(self.trace, self.policy) if self.clock is REAL else None
+        if self.policy.workers > 1 and spec is None:
+            log.warning("--workers: the trace is not a file here; its bodies are built in-process")
+        weight = [int(self._tokens[r] or 0) for r in self.plan.rows]
         for run in self.runs.values():
+            if self.policy.workers > 1 and spec is not None:
+                run.bodies = ProcBodies(
+                    spec,
+                    self.policy.workers,
+                    partial(self._body, run),
+                    static,
+                    self.plan.rows,
+                    self.plan.sessions,
+                    weight,
+                    ahead_bytes=self.policy.body_cache_mb << 20,
+                    due=due_at,
+                    horizon=WARM_S,
+                    lock=shared,
+                )
+                continue
             run.bodies = Bodies(
                 partial(self._body, run),
                 static,
                 ahead_bytes=self.policy.body_cache_mb << 20,
                 threaded=self.clock is REAL,
-                due=None if self.policy.timing is Timing.ASAP else self.plan.start,
+                due=due_at,
                 horizon=WARM_S,
                 lock=shared,
             )

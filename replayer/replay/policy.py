@@ -108,10 +108,15 @@ class ReplayPolicy:
     token-id body built ahead is the same bytes object in both."""
     responses_state: ResponsesState = ResponsesState.EXPAND
     """Chained Responses requests: expanded inline, or re-chained to live ids."""
+    workers: int = 1
+    """Processes that build bodies (1: a thread of the replay's own process);
+    order, schedule, results and monitor stay in the replay's process."""
 
     def __post_init__(self) -> None:
         if self.body_cache_mb < 0:
             raise ValueError(f"body_cache_mb must be >= 0, not {self.body_cache_mb}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, not {self.workers}")
         if not self.speed > 0:
             raise ValueError(f"speed must be positive, not {self.speed}")
         if self.max_inflight is not None and self.max_inflight < 1:

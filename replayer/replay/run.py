@@ -204,6 +204,9 @@ async def replay_to_dir(
     summary = {"exit_code": EXIT_INTERRUPTED if interrupted else code, "targets": targets_summary}
     summary["exercised"] = not unexercised
     summary["loop_stall_ms"] = stalls.summary()
+    workers = replay.body_workers()
+    if workers is not None:
+        summary["body_workers"] = workers
     if interrupted:
         summary["interrupted"] = True
     _write_json(out / "summary.json", summary)

@@ -660,6 +660,11 @@ class Trace:
         self.tokens = space
         self._prompts = BlockPrompts(space, self._prompts.cache_bytes)
 
+    @property
+    def body_cache_bytes(self) -> int:
+        """The bound set by :meth:`set_body_cache`."""
+        return self._prompts.cache_bytes
+
     def set_body_cache(self, nbytes: int) -> None:
         """Bound the memory that holds recent token-id prompts for reuse."""
         if nbytes != self._prompts.cache_bytes:
