@@ -408,7 +408,6 @@ class Replay:
             for run in self.runs.values():
                 if run.bodies is not None:
                     run.bodies.start(self.t0)
-            for run in self.runs.values():
                 if run.watch is not None:
                     run.watch.start(self.t0)
             self.started = True
@@ -567,8 +566,7 @@ class Replay:
         return not (self.policy.mode is Mode.LIVE and self._kind[row] == Kind.CHAT)
 
     async def _next_body(self, run: TargetRun, i: int) -> bytes:
-        if run.bodies is None:
-            return self._body(run, i)
+        assert run.bodies is not None  # made with the run, before any dispatch
         return await run.bodies.get(i)
 
     def _body(self, run: TargetRun, i: int) -> bytes:
