@@ -114,9 +114,7 @@ class Bodies:
                 self._urgent.append((i, fut))
                 self._cv.notify()
             elif fut.done():  # built ahead: its bytes leave the budget now
-                if fut.exception() is None:
-                    self._ahead -= len(fut.result())
-                    self._cv.notify()
+                self._release(fut)  # (the condition's lock is reentrant)
                 return fut.result()  # (no loop round trip for a body that is ready)
             else:  # being built: its bytes leave the budget once it is taken
                 fut.add_done_callback(self._release)

@@ -354,12 +354,14 @@ class Replay:
         static = [self._static(row) for row in self.plan.rows]
         shared = threading.Lock()  # the targets' builders share the trace's caches
         due_at = None if self.policy.timing is Timing.ASAP else self.plan.start
-        spec = spec_of(self.trace, self.policy) if self.clock is REAL else None
-        if self.policy.workers > 1 and spec is None:
-            log.warning("--workers: the trace is not a file here; its bodies are built in-process")
-        weight = [int(self._tokens[r] or 0) for r in self.plan.rows]
+        spec = None
+        if self.policy.workers > 1 and self.clock is REAL:
+            spec = spec_of(self.trace, self.policy)
+            if spec is None:
+                log.warning("--workers: the trace is not a file here; bodies are built in-process")
+        weight = [int(self._tokens[r] or 0) for r in self.plan.rows] if spec else []
         for run in self.runs.values():
-            if self.policy.workers > 1 and spec is not None:
+            if spec is not None:
                 run.bodies = ProcBodies(
                     spec,
                     self.policy.workers,

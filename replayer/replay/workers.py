@@ -38,13 +38,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replayer.replay.bodies import Bodies, body_patch
+
+if TYPE_CHECKING:
+    from replayer.replay.policy import ReplayPolicy
+    from replayer.trace.reader import Trace
 
 log = logging.getLogger("replayer.replay")
 
@@ -166,7 +170,6 @@ class _Producer:
     def _wait_due(self, i: int) -> bool:
         """Until position ``i`` is within the horizon of the schedule."""
         if self.due is None:
-            self._control(0.0)
             return not self.stopped
         for _ in range(1_000_000):  # bounded; each wait ends on a message or 0.2 s
             now = 0.0 if self.t0 is None else time.monotonic() - self.t0
@@ -197,9 +200,11 @@ class _Producer:
             self._control(0.0)
             if self.stopped:
                 return
-            if pos in self.skip or not self._wait_due(pos):
-                continue
             if pos in self.skip:
+                continue
+            if not self._wait_due(pos):
+                return
+            if pos in self.skip:  # discarded while it waited
                 continue
             try:
                 body = build(row)
@@ -236,7 +241,6 @@ class _Worker:
         self.k, self.proc, self.conn, self.ring, self.path = k, proc, conn, ring, path
         self.send_lock = threading.Lock()
         self.alive = True
-        self.ready = False
         self.done = False
         self.thread: threading.Thread | None = None
 
@@ -273,7 +277,6 @@ class ProcBodies:
         self.died: list[str] = []
         self._budget = max(ahead_bytes, 1)
         self._owner = shard(sessions, weight, n)
-        self._static = static
         self._cv = threading.Condition()
         self._futs: dict[int, Future[bytes]] = {}
         self._held = 0
@@ -422,7 +425,6 @@ class ProcBodies:
             msg = w.conn.recv()
             kind = msg[0]
             if kind == "ready":
-                w.ready = True
                 with contextlib.suppress(OSError):
                     os.unlink(w.path)  # mapped by both: nothing is left behind
             elif kind == "failed":
@@ -487,13 +489,13 @@ class ProcBodies:
         self.died.append(note)
         log.warning("%s", note)
         for i in owed:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(InvalidStateError):  # (a body came meanwhile)
                 self._futs[i].set_result(_DEAD)
 
 
-def spec_of(trace: Any, policy: Any) -> BodySpec | None:
+def spec_of(trace: Trace, policy: ReplayPolicy) -> BodySpec | None:
     """The worker's spec for a trace on disk (None for one held in memory)."""
-    path = getattr(trace, "path", None)
+    path = trace.path
     if path is None or not Path(path).is_file():
         return None
     t = trace.tokens
