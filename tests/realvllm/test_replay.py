@@ -54,16 +54,20 @@ def test_chat_trace_replays_clean_with_cached_tokens(vllm_shared, traces, tmp_pa
     assert all(r["first_token_us"] is not None for r in rows)
 
 
-def test_blocks_prefix_cache_hits_equal_the_traces_ideal(vllm_shared, traces, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_blocks_prefix_cache_hits_equal_the_traces_ideal(vllm_shared, traces, tmp_path, workers):
     """vLLM's CPU build caches 128-token blocks: every request's cached tokens
     equal what the trace's block ids promise a never-evicting 128-token cache
-    (one request in flight, so each one's blocks are cached before the next)."""
+    (one request in flight, so each one's blocks are cached before the next).
+    With ``--workers 2`` the bodies come from two processes: the server's
+    count of every prompt and of every cache hit says they are the same ids."""
     vllm_shared.reset_prefix_cache()
     res = replay(
         traces["blocks"],
         vllm_shared,
         tmp_path / "run",
         *("--timing", "asap", "--max-inflight", 1, "--token-range", TOKEN_RANGE),
+        *("--workers", workers),
     )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = sorted(read_results(tmp_path / "run" / "results.arrow"), key=lambda r: r["seq"])
@@ -77,6 +81,9 @@ def test_blocks_prefix_cache_hits_equal_the_traces_ideal(vllm_shared, traces, tm
     ]
     t = summary(tmp_path / "run")["targets"]["vllm"]
     assert t["cached_tokens"] == sum(ideal) > 0
+    assert summary(tmp_path / "run").get("body_workers") == (
+        None if workers == 1 else {"workers": 2, "died": []}
+    )
 
 
 def test_tau2_slice_replays(vllm_shared, traces, tmp_path):
