@@ -38,6 +38,11 @@ the same separation), ``crashes``, ``quiet`` (no crash, too few runs to tell),
 ``fails differently`` (another failure, not the chased one), ``did not start``
 (two launches in a row failed), ``not exercised`` (its runs' requests were
 mostly rejected) and ``skipped``.
+
+**Settled early**: a variant that has crashed stops as soon as no outcome
+of its remaining runs could make it ``rarer`` (:func:`settled`). Each crash
+costs a restart, a model load on the servers this is for; "still crashes"
+needs one, not five.
 """
 
 from __future__ import annotations
@@ -581,8 +586,10 @@ async def _run_one(
     key: str,
     say: Callable[[str], None],
     trace: Trace | None = None,
+    control: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``runs`` runs of one launch (journaled runs of the same launch count)."""
+    """``runs`` runs of one launch (journaled runs of the same launch count),
+    fewer when ``control`` is given and the verdict is settled (:func:`settled`)."""
     shown = redact_command(cmd)
     jpath = out / "variants.jsonl"
     done = [
@@ -590,7 +597,11 @@ async def _run_one(
     ][:runs]
     d = _mkdir(out / name)
     error = None
-    if len(done) < runs:
+
+    def crashes() -> int:
+        return sum(e["outcome"] == Outcome.MATCH.value for e in done)
+
+    if len(done) < runs and not (control and settled(crashes(), runs, control)):
         env = new_env(cmd, d / "server.log")
         env.chase = replace(chase)
         failed = 0
@@ -616,6 +627,9 @@ async def _run_one(
                 if failed >= INFRA_LIMIT:
                     error = entry["message"]
                     break
+                if control and i + 1 < runs and settled(crashes(), runs, control):
+                    say(f"variant {name}: settled after {i + 1} run(s), {runs - i - 1} not needed")
+                    break
         finally:
             await env.target.stop()
     counted = [e for e in done if e["outcome"] not in ("INFRA", "UNEXERCISED")]
@@ -628,6 +642,8 @@ async def _run_one(
         "infra": sum(e["outcome"] == "INFRA" for e in done),
         "unexercised": sum(e["outcome"] == "UNEXERCISED" for e in done),
     }
+    if control and error is None and len(done) < runs and k:
+        row["settled"] = len(done)
     if error is not None or (done and not counted):
         row["error"] = error or next((e["message"] for e in done if e["message"]), None)
     return row
@@ -680,7 +696,7 @@ async def run_plan(
                 }
             )
             continue
-        row = {**await _run_one(v.name, a.launch, *args), **base}
+        row = {**await _run_one(v.name, a.launch, *args, control=ctl), **base}
         row["verdict"] = verdict(row, ctl)
         result.append(row)
     report = {"runs": plan.runs, "control": ctl, "variants": result}
@@ -715,6 +731,19 @@ def bisect_hook(plan: VaryPlan, new_env: EnvFactory) -> Callable[[Bisect], Await
 
 
 # -- verdicts ---------------------------------------------------------------------------
+
+
+def settled(crashes: int, runs: int, control: Mapping[str, Any]) -> bool:
+    """Whether a variant's verdict is ``crashes`` whatever its remaining runs
+    do: it has crashed, and even if every later run of ``runs`` passed, its
+    upper bound would not fall below the control's lower bound (``rarer`` is
+    out of reach). Each run that crashes costs a server restart (a model load),
+    so such a variant stops there."""
+    if not crashes:
+        return False
+    if not (control["runs"] and control["crashes"]):
+        return True
+    return bool(rate_dict(crashes, runs)["high"] >= control["low"])
 
 
 def verdict(row: Mapping[str, Any], control: Mapping[str, Any]) -> str:
@@ -779,6 +808,8 @@ def table(report: Mapping[str, Any]) -> list[str]:
             what = f"{what}: {str(r['error']).splitlines()[0][:120]}"
         if r.get("other_failures") and r["verdict"] != "fails differently":
             what += f" (+{r['other_failures']} other failure(s))"
+        if r.get("settled"):
+            what += f" (settled after {r['settled']} of {report['runs']} runs)"
         change = r.get("change") or "-"
         body.append(
             (

@@ -148,6 +148,8 @@ def variants_table(report: dict[str, Any] | None) -> list[str]:
             verdict = f"skipped: {r['skipped']}"
         elif r.get("error"):
             verdict = f"{verdict}: {str(r['error']).splitlines()[0][:120]}"
+        elif r.get("settled"):
+            verdict += f" (settled after {r['settled']} run(s))"
         change = f"`{_cell(r['change'])}`" if r.get("change") else "-"
         if r is report["control"]:
             change = "(as launched)"
@@ -161,7 +163,8 @@ def variants_table(report: dict[str, Any] | None) -> list[str]:
     src = report["control"].get("source")
     lines += [
         "",
-        f"Each variant ran {report.get('runs')} time(s); the control row is the unmodified "
+        f"Each variant ran {report.get('runs')} time(s), or stopped once it had crashed and "
+        "no further passes could make it rarer (settled); the control row is the unmodified "
         + {"confirm": "launch's confirm runs", "verify": "launch's verify runs"}.get(
             src or "", "launch"
         )

@@ -357,6 +357,21 @@ def test_verdicts(r, control, want):
     assert vary.verdict(r, control) == want
 
 
+@pytest.mark.parametrize(
+    ("crashes", "runs", "control", "want"),
+    [
+        (0, 5, row(10, 10), False),  # no crash yet: could still be gone
+        (1, 2, row(10, 10), True),  # 1/2's upper bound 91% >= 10/10's lower bound 72%
+        (1, 5, row(10, 10), False),  # 1/5 (upper 62%) could still be rarer than 10/10
+        (1, 4, row(5, 5), True),  # 1/4's upper bound 70% >= 5/5's lower bound 57%
+        (2, 20, row(5, 5), False),  # 2/20 (upper 30%) could be rarer than 5/5
+        (1, 3, row(0, 3), True),  # a control that never crashed: nothing to be rarer than
+    ],
+)
+def test_a_crashing_variant_is_settled_when_rarer_is_out_of_reach(crashes, runs, control, want):
+    assert vary.settled(crashes, runs, control) is want
+
+
 def test_readings():
     ctl = row(10, 10, name="unmodified", change="")
 
@@ -435,15 +450,18 @@ async def test_run_plan_runs_the_control_and_each_variant_and_resumes(tmp_path):
         VLLM + " --no-enable-prefix-caching",
         VLLM + " --enforce-eager",
     ]
-    assert [len(e.runs) for e in f.envs] == [3, 2, 3, 3]  # two failed launches: given up
+    # two failed launches: given up; enforce-eager's first crash settled it
+    # (1/3's upper bound, 79%, could not fall below 3/3's lower bound, 44%)
+    assert [len(e.runs) for e in f.envs] == [3, 2, 3, 1]
     assert all(e.target.stops == 1 for e in f.envs)
     assert report["control"]["source"] == "vary"
     got = [(r["name"], r["crashes"], r["runs"], r["verdict"]) for r in report["variants"]]
     assert got == [
         ("broken", 0, 0, "did not start"),
         ("no-prefix-caching", 0, 3, "quiet"),  # 0/3 vs 3/3: too few runs to say gone
-        ("enforce-eager", 3, 3, "crashes"),
+        ("enforce-eager", 1, 1, "crashes"),
     ]
+    assert report["variants"][2]["settled"] == 1
     assert report["variants"][0]["error"] == "cannot launch: --bad"
     # a second run of the same plan reads the journal: only the given-up
     # variant launches again (for its one missing run)

@@ -47,7 +47,7 @@ def test_verify_vary_finds_what_the_crash_needs(tmp_path):
     got = [(r["name"], r["crashes"], r["runs"], r["verdict"]) for r in report["variants"]]
     assert got == [
         ("cache-off", 0, 4, "gone"),  # upper bound 53% < the control's lower bound 57%
-        ("fewer-seqs", 4, 4, "crashes"),
+        ("fewer-seqs", 1, 1, "crashes"),  # settled: 1/4 could not be rarer than 5/5
         ("no-aiter-mla", 0, 4, "gone"),  # the fault needs the (default-on) MLA switch
         ("no-speculative-decoding", 0, 0, "skipped"),
     ]
@@ -75,9 +75,11 @@ def test_verify_vary_finds_what_the_crash_needs(tmp_path):
         "no-speculative-decoding",
     ]
     assert table[2][-3:] == ["0/4", "0%-53%", "gone"]
-    assert table[3][-3:] == ["4/4", "51%-100%", "crashes"]
+    assert rows["fewer-seqs"]["settled"] == 1 and "settled" not in rows["cache-off"]
+    assert " ".join(table[3][-9:]) == "1/1 21%-100% crashes (settled after 1 of 4 runs)"
     assert out[at + 7] == f"  reading: {reading}"
     assert "variant cache-off 4/4: PASS" in res.stderr
+    assert "variant fewer-seqs: settled after 1 run(s), 3 not needed" in res.stderr
 
 
 def test_vary_usage_errors(tmp_path):
