@@ -10,12 +10,14 @@ import shlex
 import socket
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import orjson
 import pytest
 
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
+from replayer.bisect.stats import rate_dict
 from replayer.bisect.trial import TrialEnv
 from replayer.monitor.watch import WatchConfig
 from replayer.replay.plan import select
@@ -25,6 +27,7 @@ from replayer.target.factory import make_target
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, write_trace
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "moonshotai/Kimi-K3"
 WATCH = WatchConfig(
     health_interval=0.1, scrape_interval=1.0, stall_timeout=5.0, settle=3.0, grace=0.8
@@ -300,3 +303,57 @@ async def test_shrink_finds_the_prompt_threshold_keeps_the_cache_hit_and_the_bun
         )  # fmt: skip
         said, _ = await asyncio.wait_for(proc.communicate(), 120)
         assert proc.returncode == code, said.decode()
+
+
+@pytest.mark.slow
+async def test_a_flaky_crash_bundle_crashes_fresh_servers_at_its_reported_rate(
+    tmp_path, emulator_factory
+):
+    # Five triggers (requests 8-12), each killing the engine with p = 0.5: the
+    # whole trace crashes 97% of the time, its minimal prefix (8 requests, one
+    # trigger) 50%. A server restarted with the same --seed would draw the same
+    # numbers, so every launch gets a new one (bench/bisect_launcher.py): each
+    # trial draws anew, and the test is still reproducible from its seeds.
+    fault = "exit after=0.1 when request>=8 and request<=12 p=0.5"
+    t = synth(tmp_path, sessions=4, turns=5, context=4_000, rate=20, think=0.0, seed=22)
+    launch = shlex.join(
+        [sys.executable, str(REPO / "bench" / "bisect_launcher.py"), str(tmp_path / "launches"),
+         "100", "--port", str(free_port()), "--speed", "instant", "--fault", fault]
+    )  # fmt: skip
+    out = tmp_path / "bisect"
+    env = TrialEnv(
+        trace=t,
+        policy=ReplayPolicy(timing=Timing.ASAP),
+        target=make_target(launch=launch, log_path=out / "server.log", model=MODEL),
+        watch=WATCH,
+        reset=ResetMode.RESTART,
+    )
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix"), calibrate_matches=5, calibrate_runs=12, confirm=10
+    )
+    b = Bisect(t, select(t), env, out, opts, say=lambda m: None)
+    res = await run_bisect(b)
+    assert res.status == "complete" and b.prefix_length == 8
+    m = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
+    rep = m["reproduction"]
+    assert rep["runs"] == 10 and 0 < rep["crashes"] < 10  # measured as flaky, not as certain
+    # the bundle's rate is its own, not calibration's (the whole trace, 5 triggers)
+    cal = [r.outcome for recs in b.oracle.records.values() for r in recs if r.stage == "calibrate"]
+    assert cal.count(Outcome.MATCH) >= 5 and rep["high"] < 1.0, (cal, rep)
+    # the bundle on fresh servers (seeds the bisect never drew): the two
+    # measurements agree (their 95% intervals overlap) and neither says certain
+    fresh = 30
+    crashed = 0
+    for seed in range(fresh):
+        srv = emulator_factory(["--speed", "instant", "--fault", fault, "--seed", str(9000 + seed)])
+        repro = await asyncio.create_subprocess_exec(
+            sys.executable, str(out / "bundle" / "repro.py"), "--url", srv.url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        said, _ = await asyncio.wait_for(repro.communicate(), 120)
+        assert repro.returncode in (0, 1), said.decode()
+        crashed += repro.returncode == 1
+    got = rate_dict(crashed, fresh)
+    print(f"\nflaky bundle: stated {rep['text']}; fresh servers {got['text']}")
+    assert got["low"] <= rep["high"] and rep["low"] <= got["high"], (got, rep)
+    assert 0 < crashed < fresh
