@@ -1,5 +1,6 @@
 """A real crash, injected into the real engine, bisected to its exact cause
-and shrunk to its threshold.
+and shrunk to its threshold, then relaunched under server variants to find
+what makes it go away.
 
 The rule makes the model runner raise a HIP illegal-memory-access error when
 a new request has a long prompt *and* a large prefix-cache hit, the shape of
@@ -62,6 +63,8 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         )
 
     out = tmp_path / "bisect"
+    variants = tmp_path / "variants.toml"
+    variants.write_text('[[variant]]\nname = "fewer-seqs"\nadd = ["--max-num-seqs", "64"]\n')
     started = time.monotonic()
     bis = cli(
         "bisect",
@@ -69,6 +72,11 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         *("--launch", launch(free_port()), "--model", "tiny-llama", "--timing", "asap"),
         *("--out", out, "--calibrate", 1, "--confirm", 1, "--reset", "prefix-cache"),
         *("--stages", "calibrate,cut,prefix,sessions,turns,shrink", "--shrink-steps", 64),
+        # what makes it go away: the control is the one confirm run (1/1, lower
+        # bound 21%), so 14 quiet runs (upper bound 19%) are needed to say gone;
+        # they pass, so they share one launch. fewer-seqs crashes: one run
+        # settles it (a second would be a second launch)
+        *("--vary", "default:no-prefix-caching", "--vary", variants, "--vary-runs", 14),
         timeout=1200,
     )
     took = time.monotonic() - started
@@ -128,6 +136,27 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         f"{r['cached_tokens']} cached"
     )
     assert r["cached_tokens"] >= need_hit
+
+    # --vary on the real engine: the crash needs a prefix-cache hit (the rule
+    # reads num_computed_tokens), so it is gone with caching off and not with
+    # another setting
+    v = manifest["variants"]
+    assert (v["control"]["crashes"], v["control"]["runs"], v["control"]["source"]) == (
+        1,
+        1,
+        "confirm",
+    )
+    got = [(r["name"], r["crashes"], r["runs"], r["verdict"]) for r in v["variants"]]
+    assert got == [("no-prefix-caching", 0, 14, "gone"), ("fewer-seqs", 1, 1, "crashes")], v
+    assert v["variants"][1]["settled"] == 1
+    assert v["reading"] == "needs a prefix-cache hit; still crashes with fewer-seqs"
+    cache_off = orjson.loads(
+        (out / "variants" / "no-prefix-caching" / "014" / "summary.json").read_bytes()
+    )["targets"]["target"]
+    assert cache_off["cached_tokens"] == 0 and cache_off["status"] == {"ok": 2}, cache_off
+    readme = (out / "bundle" / "README.md").read_text()
+    assert "**needs a prefix-cache hit; still crashes with fewer-seqs**" in readme
+    print(f"  vary: {v['reading']}")
 
     # the bundle, on a fresh server with the same fault, in one command
     srv = VLLMServer(
