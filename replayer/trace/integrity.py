@@ -68,6 +68,7 @@ def _feed(h: hashlib.blake2b, arr: pa.Array) -> None:
     t = arr.type
     offsets = pa.types.is_string(t) or pa.types.is_list(t)
     if arr.offset or (offsets and len(arr) and _offsets(arr)[0] != 0):
+        arr.validate(full=True)  # concatenation trusts the offsets
         arr = pa.concat_arrays([arr])  # zero-based offsets, as replayer writes them
     n = len(arr)
     h.update(struct.pack("<qq", n, arr.null_count))
@@ -151,9 +152,17 @@ def stored(path: Path, where: str, meta: pa.KeyValueMetadata | None, ncols: int)
 def check_columns(
     path: Path, where: str, batch: pa.RecordBatch, positions: Sequence[int], digests: Stored
 ) -> None:
-    """Raise unless every column of ``batch`` (file columns ``positions``) matches."""
+    """Raise unless every column of ``batch`` (file columns ``positions``) matches.
+
+    Safe on a batch validated for structure only: values are read through
+    bounds-checked views, and a column that needs re-basing is fully
+    validated first."""
     for name, arr, i in zip(batch.schema.names, batch.columns, positions, strict=True):
-        if column_digest(arr) != digests.columns[i]:
+        try:
+            got = column_digest(arr)
+        except (pa.ArrowException, ValueError, IndexError) as exc:
+            raise corrupt(path, where, f"column {name!r} does not decode ({short(exc)})") from None
+        if got != digests.columns[i]:
             raise corrupt(path, where, f"column {name!r} does not match its digest")
 
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import logging
 import struct
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -311,3 +312,37 @@ def test_inspect_verify_says_what_it_checked(tmp_path):
     )
     rc, out, _ = _cli("inspect", path)
     assert rc == 0 and "OK, schema" not in out
+
+
+def _bad_offsets(values: pa.Array, offsets: list[int]) -> pa.Array:
+    """A list or string array whose offsets point past its data (what a
+    flipped offset byte decodes to): valid in structure, not in values."""
+    offs = pa.py_buffer(struct.pack(f"<{len(offsets)}i", *offsets))
+    if pa.types.is_string(values.type):
+        data = values.buffers()[2]
+        return pa.Array.from_buffers(pa.string(), len(offsets) - 1, [None, offs, data])
+    return pa.Array.from_buffers(
+        pa.list_(values.type), len(offsets) - 1, [None, offs], children=[values]
+    )
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        pytest.param(lambda: _bad_offsets(pa.array(["abc"]), [0, 900, 3]), id="string-past-end"),
+        pytest.param(lambda: _bad_offsets(pa.array(["abc"]), [0, -5, 3]), id="string-negative"),
+        pytest.param(lambda: _bad_offsets(pa.array(["a", "b"]), [0, 7, 2]), id="list-past-end"),
+        pytest.param(lambda: _bad_offsets(pa.array(["a", "b"]), [0, -1, 2]), id="list-negative"),
+    ],
+)
+def test_a_column_with_bad_offsets_is_corrupt_not_a_crash(arr):
+    # content batches with digests are validated for structure only (first
+    # and last offsets): the digest check must refuse what the full pass would
+    a = arr()
+    a.validate()  # structure passes: only the full pass would catch it
+    with pytest.raises(pa.ArrowInvalid):
+        a.validate(full=True)
+    batch = pa.RecordBatch.from_arrays([a], names=["messages"])
+    digests = integrity.Stored("x", (b"\0" * integrity.DIGEST_BYTES,))
+    with pytest.raises(TraceCorruptError, match=r"t\.arrow: corrupt trace: batch 0: column "):
+        integrity.check_columns(Path("t.arrow"), "batch 0", batch, [0], digests)
