@@ -82,6 +82,8 @@ class Bodies:
         self._horizon = horizon
         self._t0: float | None = None
         self._newest: Future[bytes] | None = None
+        self._starved = False
+        """The worker waits for budget room (a release must wake it)."""
         self._lock = lock or threading.Lock()
         self._thread: threading.Thread | None = None
         if threaded:
@@ -155,7 +157,9 @@ class Bodies:
             return
         with self._cv:
             self._ahead -= len(fut.result())
-            self._cv.notify()
+            if self._starved:  # only a worker held back by the budget needs waking:
+                self._starved = False  # a wake per body taken is a thread switch per send
+                self._cv.notify()
 
     def close(self) -> None:
         """Stop the worker (it finishes the body in hand, then exits)."""
@@ -208,6 +212,7 @@ class Bodies:
             return i, asked, False
         while self._next < n:
             if self._ahead >= self._budget or len(self._ready) >= AHEAD_MAX:
+                self._starved = True
                 return None
             i = self._next
             if self._wait_s(i) > 0 and not (i in self._taken or not self._static[i]):

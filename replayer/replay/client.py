@@ -99,33 +99,29 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def sent_tracing() -> aiohttp.TraceConfig:
-    """Tracing that resolves a request's ``sent`` future when its body is
-    written: strict order waits for it, so requests reach the server in
-    dispatch order even over different connections."""
-
-    async def on_chunk(
-        session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceRequestChunkSentParams
-    ) -> None:
-        fut = (ctx.trace_request_ctx or {}).get("sent")
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    tc = aiohttp.TraceConfig()
-    tc.on_request_chunk_sent.append(on_chunk)
-    return tc
-
-
 class _Body(aiohttp.BytesPayload):
     """A body written apart from the request's headers. aiohttp joins the
     two into one new buffer before the socket write (on Python < 3.12.9):
     a copy of every body, on the event loop, holding the GIL. Written as two
     writes with no suspension between them (neither drains: the headers are
-    small), the body goes from its own bytes to the socket."""
+    small), the body goes from its own bytes to the socket.
+
+    ``sent`` resolves once the body is in the transport, before the wait
+    for the socket to drain: strict order's signal that the next request
+    may go (an aiohttp trace config did it with a dozen signal awaits per
+    request, most of them for events nobody listened to)."""
+
+    def __init__(self, value: bytes, sent: asyncio.Future[None] | None) -> None:
+        super().__init__(value)
+        self._sent = sent
 
     async def write_with_length(self, writer: Any, content_length: int | None) -> None:
         await writer.write(b"")  # the buffered headers, alone
-        await writer.write(self._value)
+        await writer.write(self._value, drain=False)
+        if self._sent is not None and not self._sent.done():
+            self._sent.set_result(None)
+        writer.buffer_size = 0  # as the draining write does
+        await writer.drain()
 
 
 async def send(
@@ -147,8 +143,7 @@ async def send(
     The response is read by the accumulator of the API ``url`` names (chat
     completions for a path it does not know) into ``stats``, which the
     caller may watch while the stream runs. ``sent`` resolves once the body
-    is handed to the transport (needs a session made with
-    :func:`sent_tracing`), ``answered`` once the response headers are in;
+    is handed to the transport, ``answered`` once the response headers are in;
     both resolve when the request ends, whatever happened."""
     loop = asyncio.get_running_loop()
     stats = stats if stats is not None else Reply()
@@ -163,9 +158,7 @@ async def send(
     try:
         async with (
             asyncio.timeout(request_timeout),
-            session.post(
-                url, data=_Body(body), headers=headers, trace_request_ctx={"sent": sent}
-            ) as resp,
+            session.post(url, data=_Body(body, sent), headers=headers) as resp,
         ):
             started = True
             result.first_byte_us = us(loop.time())

@@ -336,7 +336,6 @@ class Replay:
                 timeout=_http.streaming_timeout(),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
-                trace_configs=[client.sent_tracing()] if self.policy.order.global_order else None,
             )
             run = TargetRun(
                 target=t,
