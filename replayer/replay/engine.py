@@ -336,6 +336,9 @@ class Replay:
                 timeout=_http.streaming_timeout(),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
+                # a Set-Cookie (a load balancer's stickiness, say) must not put
+                # a Cookie header on later requests the trace never had
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
             run = TargetRun(
                 target=t,

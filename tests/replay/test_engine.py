@@ -696,3 +696,44 @@ async def test_an_interrupt_during_a_hung_turn_sends_nothing_more(tmp_path, orde
     assert got["a-0"] == ("timeout", "interrupted")
     assert got["a-1"] == got["a-2"] == ("not_sent_after_crash", "interrupted")
     assert got["b-0"] == ("ok", None)
+
+
+async def test_a_cookie_the_server_sets_is_never_sent_back(tmp_path):
+    # A load balancer's stickiness cookie (AWSALB, say) on every response: a
+    # client with a cookie jar would put it on every later request, headers
+    # the trace never had, and route them differently than production did.
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    cookies: list[str | None] = []
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def complete(request):
+        await request.read()
+        cookies.append(request.headers.get("Cookie"))
+        resp = web.json_response(
+            {"id": "c", "object": "text_completion", "model": MODEL,
+             "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+        )  # fmt: skip
+        resp.set_cookie("AWSALB", f"node-{len(cookies)}")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        t = timed_trace(tmp_path, [0, 0, 0, 0])
+        # by name: aiohttp's jar ignores cookies from IP-address hosts
+        url = f"http://localhost:{server.port}"
+        out, _, results = await replay(
+            t, [Endpoint("e", url)], tmp_path, ReplayPolicy(timing=Timing.ASAP, force_stream=False)
+        )
+    finally:
+        await server.close()
+    assert out.exit_code == 0 and [r["status"] for r in results] == ["ok"] * 4
+    assert cookies == [None] * 4
