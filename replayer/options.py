@@ -69,6 +69,19 @@ class Group:
     opts: tuple[Opt, ...]
 
 
+def workers_value(text: str) -> int | str:
+    """``--workers``: ``auto`` or a count of at least 1."""
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"want auto or a count of at least 1, not {text!r}")
+    return n
+
+
 def _f(name: str, default: float, metavar: str, help: str) -> Opt:
     return Opt(name, float, default, help, metavar)
 
@@ -155,11 +168,13 @@ POLICY = Group(
         ),
         Opt(
             "workers",
-            int,
-            1,
-            "processes that build request bodies, sessions dealt among them "
-            "(default 1: a thread); order, timing and results stay in one process",
-            "N",
+            workers_value,
+            "auto",
+            "processes that build request bodies, sessions dealt among them (1: a "
+            "thread); order, timing and results stay in one process (default auto: "
+            "more than 1 only for a large trace, due faster than one process builds, "
+            "on a machine with 4 or more cores)",
+            "N|auto",
         ),
     ),
 )
@@ -442,7 +457,7 @@ def replay_policy(values: Mapping[str, Any]) -> ReplayPolicy:
             token_range=token_range,
             save_output=bool(v["save_output"]),
             body_cache_mb=int(v["body_cache_mb"]),
-            workers=int(v["workers"]),
+            workers=v["workers"] if v["workers"] == "auto" else int(v["workers"]),
         )
     except ValueError as exc:  # ReplayPolicy's own bounds name their field first
         name, _, problem = str(exc).partition(" ")

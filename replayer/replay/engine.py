@@ -55,7 +55,7 @@ from replayer.replay.client import Endpoint, TargetFacts
 from replayer.replay.plan import Plan
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, ResponsesState, Timing
 from replayer.replay.results import Result, ResultsWriter, Status
-from replayer.replay.workers import ProcBodies, spec_of
+from replayer.replay.workers import ProcBodies, auto_workers, spec_of, usable_cpus
 from replayer.trace.reader import BodyBuilder, Trace
 from replayer.trace.schema import Kind
 from replayer.wire import Api, api_for_path
@@ -253,6 +253,8 @@ class Replay:
         self.started = False
         self.finished = False
         self._warned_fds = False
+        self._auto_workers: str | None = None
+        """Why ``--workers auto`` chose what it did (None: a count was given)."""
         c = trace.column
         self._rid, self._sid = c("request_id"), c("session_id")
         self._turn, self._path, self._kind = c("turn"), c("path"), c("kind")
@@ -291,12 +293,26 @@ class Replay:
             for r in self.plan.rows
         ]
 
+    def _workers(self, static: Sequence[bool]) -> int:
+        """``policy.workers``, with ``auto`` decided (and why, for the summary)."""
+        if self.policy.workers != "auto":
+            return self.policy.workers
+        size = self.trace.column("body_bytes")
+        total = sum(int(size[r] or 0) for r, s in zip(self.plan.rows, static, strict=True) if s)
+        span = None
+        if self.policy.timing is not Timing.ASAP and self.plan.start:
+            span = (max(self.plan.start) - min(self.plan.start)) or None
+        n, self._auto_workers = auto_workers(total, span, usable_cpus())
+        return n
+
     def body_workers(self) -> dict[str, Any] | None:
-        """``--workers``: how many built bodies, and the deaths among them."""
+        """``--workers``: how many built bodies, and the deaths among them;
+        with ``auto``, also why that many."""
         procs = [r.bodies for r in self.runs.values() if isinstance(r.bodies, ProcBodies)]
+        auto = {"auto": self._auto_workers} if self._auto_workers is not None else {}
         if not procs:
-            return None
-        return {"workers": procs[0].n, "died": [d for p in procs for d in p.died]}
+            return {"workers": 1, **auto} if auto else None
+        return {"workers": procs[0].n, **auto, "died": [d for p in procs for d in p.died]}
 
     def snapshot(self) -> dict[str, TargetSnapshot]:
         """Every target's live state now (cheap; safe to call from an observer)."""
@@ -357,7 +373,8 @@ class Replay:
         shared = threading.Lock()  # the targets' builders share the trace's caches
         due_at = None if self.policy.timing is Timing.ASAP else self.plan.start
         spec = None
-        if self.policy.workers > 1 and self.clock is REAL:
+        workers = self._workers(static)
+        if workers > 1 and self.clock is REAL:
             spec = spec_of(self.trace, self.policy)
             if spec is None:
                 log.warning("--workers: the trace is not a file here; bodies are built in-process")
@@ -366,7 +383,7 @@ class Replay:
             if spec is not None:
                 run.bodies = ProcBodies(
                     spec,
-                    self.policy.workers,
+                    workers,
                     partial(self._body, run),
                     static,
                     self.plan.rows,

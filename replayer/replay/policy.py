@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 
 class Timing(StrEnum):
@@ -108,15 +108,19 @@ class ReplayPolicy:
     token-id body built ahead is the same bytes object in both."""
     responses_state: ResponsesState = ResponsesState.EXPAND
     """Chained Responses requests: expanded inline, or re-chained to live ids."""
-    workers: int = 1
+    workers: int | Literal["auto"] = "auto"
     """Processes that build bodies (1: a thread of the replay's own process);
-    order, schedule, results and monitor stay in the replay's process."""
+    order, schedule, results and monitor stay in the replay's process.
+    ``"auto"``: what the machine and the trace need
+    (:func:`replayer.replay.workers.auto_workers`)."""
 
     def __post_init__(self) -> None:
         if self.body_cache_mb < 0:
             raise ValueError(f"body_cache_mb must be >= 0, not {self.body_cache_mb}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if self.workers != "auto" and (
+            isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1
+        ):
+            raise ValueError(f"workers must be 'auto' or at least 1, not {self.workers!r}")
         if not self.speed > 0:
             raise ValueError(f"speed must be positive, not {self.speed}")
         if self.max_inflight is not None and self.max_inflight < 1:

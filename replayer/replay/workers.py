@@ -58,6 +58,41 @@ _HEADER = 64
 """The ring's header: the consumer's position (u64 at 0), then the bodies."""
 START_TIMEOUT = 60.0
 """Seconds a worker may take to import and open the trace."""
+AUTO_MIN_CPUS = 4
+"""``--workers auto`` stays in one process below this many usable CPUs: on
+two cores a worker takes the core the sends or the server need (measured:
+1.12x one pinned process at best, bench/RESULTS.md)."""
+AUTO_MIN_BYTES = 1 << 30
+"""... and below this many bytes of static bodies: each worker's start-up
+(spawn, imports, opening the trace) is ~1.5 s of CPU."""
+AUTO_THREAD_MB_S = 300.0
+"""The average rate (MB/s of bodies the schedule asks for) past which a
+thread sharing the sending core falls behind: it builds ~1,300 MB per CPU
+second but the sends want most of that core. Two processes then: together
+they build faster than one process sends, so more would not help."""
+
+
+def auto_workers(body_bytes: int, span_s: float | None, cpus: int) -> tuple[int, str]:
+    """``--workers auto``: (workers, why). ``body_bytes``: the static bodies
+    of the selection; ``span_s``: the schedule's length in seconds at the
+    replay's speed (None: as fast as possible)."""
+    mb = body_bytes / 1e6
+    if cpus < AUTO_MIN_CPUS:
+        return 1, f"{cpus} usable CPU(s): a worker process would take a core from the sends"
+    if body_bytes < AUTO_MIN_BYTES:
+        return 1, f"{mb:,.0f} MB of bodies: one thread builds them"
+    if span_s is not None and span_s > 0 and mb / span_s < AUTO_THREAD_MB_S:
+        return 1, f"{mb / span_s:,.0f} MB/s of bodies on average: one thread keeps up"
+    rate = "as fast as possible" if span_s is None or span_s <= 0 else f"{mb / span_s:,.0f} MB/s"
+    return 2, f"{mb:,.0f} MB of bodies at {rate}, {cpus} usable CPUs"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

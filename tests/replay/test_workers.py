@@ -120,3 +120,58 @@ async def test_a_replay_with_two_workers_sends_what_one_sends_in_the_same_order(
         if order is Order.ADMITTED:  # each waits for the last one's headers: the server's order
             assert [e["request_id"] for e in log] == [rid[r] for r in rows]
     assert len(sha[1]) == len(trace) and sha[2] == sha[1]  # the same bytes
+
+
+GB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("body_bytes", "span_s", "cpus", "want"),
+    [
+        (
+            40 * GB,
+            None,
+            2,
+            (1, "2 usable CPU(s): " + "a worker process would take a core from the sends"),
+        ),
+        (GB // 2, None, 16, (1, "537 MB of bodies: one thread builds them")),
+        (40 * GB, 3_600.0, 16, (1, "12 MB/s of bodies on average: one thread keeps up")),
+        (40 * GB, 60.0, 16, (2, "42,950 MB of bodies at 716 MB/s, 16 usable CPUs")),
+        (40 * GB, None, 4, (2, "42,950 MB of bodies at as fast as possible, 4 usable CPUs")),
+    ],
+)
+def test_auto_workers_only_where_a_thread_cannot_keep_up(body_bytes, span_s, cpus, want):
+    from replayer.replay.workers import auto_workers
+
+    assert auto_workers(body_bytes, span_s, cpus) == want
+
+
+def test_workers_option_takes_auto_or_a_count():
+    from replayer.errors import OptionError
+    from replayer.options import replay_policy
+
+    assert ReplayPolicy().workers == "auto"
+    assert replay_policy({"workers": "auto"}).workers == "auto"
+    assert replay_policy({"workers": "3"}).workers == 3
+    for bad in (0, "none", True):
+        with pytest.raises((OptionError, ValueError), match="workers"):
+            ReplayPolicy(workers=bad)  # type: ignore[arg-type]
+
+
+async def test_auto_says_why_in_the_summary(emulator_factory, tmp_path, monkeypatch):
+    # on this machine's cores or a small trace, auto is one process; the
+    # summary says which rule decided
+    from replayer.replay import workers
+
+    monkeypatch.setattr(workers, "AUTO_MIN_BYTES", 0)  # the sample trace counts as large
+    monkeypatch.setattr(workers, "AUTO_MIN_CPUS", 1)
+    trace = Trace.open(SAMPLES / "blocks-16x12.arrow")
+    emu = emulator_factory(["--speed", "instant"])
+    rows = select(trace)
+    out = await replay_to_dir(
+        trace, rows, ReplayPolicy(timing=Timing.ASAP), [Endpoint("e", emu.url)], tmp_path / "r"
+    )
+    assert out.exit_code == 0
+    bw = out.summary["body_workers"]
+    assert (bw["workers"], bw["died"]) == (2, [])
+    assert re.fullmatch(r"[\d,]+ MB of bodies at as fast as possible, \d+ usable CPUs", bw["auto"])
