@@ -36,6 +36,8 @@ HORIZON_S = 1.0
 """Bodies due within this many seconds of the schedule's now are built ahead."""
 AHEAD_MAX = 4096
 """Bodies built ahead at most, whatever their size (each holds a result slot)."""
+LOW_WATER = 0.75
+"""A worker held back by the budget resumes once use is down to this share."""
 
 
 class Bodies:
@@ -157,8 +159,15 @@ class Bodies:
             return
         with self._cv:
             self._ahead -= len(fut.result())
-            if self._starved:  # only a worker held back by the budget needs waking:
-                self._starved = False  # a wake per body taken is a thread switch per send
+            # Only a worker held back by the budget needs waking, and only once
+            # a quarter of it is free: a wake per body taken is a thread switch
+            # per send (an asked-for body wakes it at once, in get).
+            if (
+                self._starved
+                and self._ahead <= self._budget * LOW_WATER
+                and len(self._ready) <= AHEAD_MAX * LOW_WATER
+            ):
+                self._starved = False
                 self._cv.notify()
 
     def close(self) -> None:

@@ -33,10 +33,13 @@ async def test_bodies_are_built_ahead_in_plan_order_until_the_budget_is_full() -
         await bodies.warm(8, within=30)
         assert build.order == [0, 1, 2]  # 36 bytes >= 25: the worker waits
         assert await bodies.get(0) == b"0:" + b"x" * 10
-        await bodies.warm(8, within=30)  # taking one frees its bytes: one more
-        assert build.order == [0, 1, 2, 3]
-        assert [await bodies.get(i) for i in range(1, 8)] == [
-            b"%d:" % i + b"x" * 10 for i in range(1, 8)
+        assert await bodies.get(1) == b"1:" + b"x" * 10
+        # 12 bytes left, under the low water (75% of 25): it resumes, and
+        # fills the budget again
+        await bodies.warm(8, within=30)
+        assert build.order == [0, 1, 2, 3, 4]
+        assert [await bodies.get(i) for i in range(2, 8)] == [
+            b"%d:" % i + b"x" * 10 for i in range(2, 8)
         ]
         assert build.order == list(range(8))  # each built once
         assert build.threads == {"replayer-bodies"}
