@@ -642,7 +642,7 @@ async def _run_one(
         "infra": sum(e["outcome"] == "INFRA" for e in done),
         "unexercised": sum(e["outcome"] == "UNEXERCISED" for e in done),
     }
-    if control and error is None and len(done) < runs and k:
+    if control and error is None and len(done) < runs and settled(k, runs, control):
         row["settled"] = len(done)
     if error is not None or (done and not counted):
         row["error"] = error or next((e["message"] for e in done if e["message"]), None)

@@ -120,7 +120,6 @@ class _Body(aiohttp.BytesPayload):
         await writer.write(self._value, drain=False)
         if self._sent is not None and not self._sent.done():
             self._sent.set_result(None)
-        writer.buffer_size = 0  # as the draining write does
         await writer.drain()
 
 

@@ -471,21 +471,19 @@ class Trace:
         cur: int | None = row
         text: str | None = None
         while cur is not None:
+            walked.append(cur)
             text = memo.get(cur)
             if text is None:
                 text = cell(cur, "params")
-                if text is not None:
-                    # the keyframe too: its later turns inherit its params after
-                    # a sequential pass has dropped its cells (a re-decode else)
-                    memo[cur] = text
             if text is not None:
                 break
-            walked.append(cur)
             cur = base_col[cur]
         if text is None:
             raise corrupt(self.path, self._where(row), "no params along its delta chain")
         if len(memo) > 1_000_000:
             memo.clear()
+        # the row that held the text too: its later turns inherit it after a
+        # sequential pass has dropped its cells (a re-decode of its batch else)
         for r in walked:
             memo[r] = text
         return text
