@@ -79,6 +79,9 @@ class Stats:
         self.requests = 0
         self.first: float | None = None
         self.last = 0.0
+        self.delay = 0.0
+        """Seconds a completion's answer waits (a server busy with prefill:
+        every request of a burst then holds its own connection)."""
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -137,12 +140,13 @@ class Sink(asyncio.Protocol):
     def _answer(self) -> None:
         assert self.transport is not None
         p = self.path.split(b"?")[0]
-        if p == b"/v1/chat/completions":
+        if p.startswith(b"/v1/") and p != b"/v1/models":
             self.stats.requests += 1
-            self.transport.write(self.CHAT)
-        elif p.startswith(b"/v1/") and p != b"/v1/models":
-            self.stats.requests += 1
-            self.transport.write(self.TEXT)
+            answer = self.CHAT if p == b"/v1/chat/completions" else self.TEXT
+            if self.stats.delay:
+                asyncio.get_running_loop().call_later(self.stats.delay, self._late, answer)
+            else:
+                self.transport.write(answer)
         elif p == b"/v1/models":
             self.transport.write(
                 _json(
@@ -156,11 +160,18 @@ class Sink(asyncio.Protocol):
             st = self.stats
             span = (st.last - st.first) if st.first is not None else 0.0
             self.transport.write(_json({"bytes": st.bytes, "requests": st.requests, "span": span}))
+        elif p.startswith(b"/delay/"):  # /delay/MS: answers wait MS ms from now on
+            self.stats.delay = int(p[7:]) / 1000
+            self.transport.write(_json({}))
         elif p == b"/reset":
             self.stats.reset()
             self.transport.write(_json({}))
         else:
             self.transport.write(_json({}))
+
+    def _late(self, answer: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(answer)
 
 
 def sink_main(port_file: str) -> None:
@@ -449,6 +460,37 @@ def pace(url: str, trace: Path) -> dict[str, Any]:
     return out
 
 
+BURST = 710
+"""The corpus' first 710 requests: one per session, all due at t = 0."""
+
+
+def burst(url: str, trace: Path, repeat: int) -> dict[str, Any]:
+    """The t = 0 burst alone (710 new sessions, 389 MB) at recorded pace,
+    against a sink that answers at once (a few connections carry it all)
+    and one that answers after 3 s (a server busy with prefill: every
+    request on a connection of its own); ``repeat`` rounds, interleaved
+    (this VM drifts), lag of the last request sent (summary ``lag_ms``)."""
+    runs: dict[str, list[float]] = {"answer-at-once": [], "answer-after-3s": []}
+    for _ in range(repeat):
+        for label, delay in (("answer-at-once", 0), ("answer-after-3s", 3000)):
+            run_dir = WORK / f"burst-{label}"
+            cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
+                   "--out", str(run_dir), "--force", "--quiet", "--no-monitor",
+                   "--limit", str(BURST), "--model", MODEL]  # fmt: skip
+            _get(url, "/reset")
+            _get(url, f"/delay/{delay}")
+            run = run_child(cmd, log=WORK / f"burst-{label}.log", timeout=300, cpu=SEND_CPU)
+            if run.rc != 0:
+                raise RuntimeError(f"burst {label} exited {run.rc}: {run.log_tail(800)}")
+            summary = json.loads((run_dir / "summary.json").read_text())
+            runs[label].append(summary["targets"]["target"]["lag_ms"]["max"])
+    _get(url, "/reset")
+    out: dict[str, Any] = {}
+    for label, lags in runs.items():
+        out[label] = {"lag_max_ms_median": sorted(lags)[len(lags) // 2], "all": lags}
+    return out
+
+
 def workers(url: str, trace: Path, n: int, repeat: int) -> dict[str, Any]:
     """``--workers 1`` on one core, ``--workers 1`` and ``--workers 2`` on
     both (the sink shares one): the first ``n`` blocks requests as fast as
@@ -540,7 +582,10 @@ def main(argv: list[str]) -> dict[str, Any]:
     )
     ap.add_argument("--seconds", type=float, default=8.0, help="raw and prebuilt send time")
     ap.add_argument("--sigterm-runs", type=int, default=20, help="replays stopped by SIGTERM")
-    ap.add_argument("--only", choices=("speed", "pace", "sigterm", "workers"), help="one part only")
+    ap.add_argument(
+        "--only", choices=("speed", "pace", "burst", "sigterm", "workers"), help="one part only"
+    )
+    ap.add_argument("--burst-repeat", type=int, default=5, help="rounds of the t = 0 burst")
     ap.add_argument(
         "--workers-requests", type=int, default=12000, help="blocks requests, workers 1 vs 2"
     )
@@ -558,6 +603,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             fig["chat"] = side_by_side(url, chat, 640, 640, args.seconds, "chat")
         if args.only in (None, "pace"):
             fig["pace"] = pace(url, blocks)
+        if args.only in (None, "burst"):
+            fig["burst"] = burst(url, blocks, args.burst_repeat)
         if args.only in (None, "sigterm"):
             fig["sigterm"] = sigterm(url, blocks, args.sigterm_runs)
         if args.only in (None, "workers"):
@@ -580,6 +627,11 @@ def render(fig: dict[str, Any]) -> str:
             f"recorded pace {speed}: lag p50 {p['lag_p50_ms']} / p99 {p['lag_p99_ms']} / max "
             f"{p['lag_max_ms']} ms; loop stall p99.9 {st.get('p99_9')} / max {st.get('max')} ms; "
             f"peak RSS {p['maxrss_mb']} MB"
+        )
+    for label, b in fig.get("burst", {}).items():
+        lines.append(
+            f"t = 0 burst, {label}: last request {b['lag_max_ms_median']} ms late "
+            f"(median; all {b['all']})"
         )
     if "workers" in fig:
         w = fig["workers"]

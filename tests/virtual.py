@@ -9,7 +9,7 @@ server's ``arrivals`` is its own log, in the order it took the requests.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,9 @@ from replayer.wire import Reply
 class Script:
     """How the fake server answers one request."""
 
+    connect: float = 0.0
+    """The connection takes this long to open; the request arrives (is
+    written) once it is open and its turn has come."""
     ttft: float = 0.010
     """Response headers and the first token come this long after arrival."""
     tokens: int = 3
@@ -67,6 +70,7 @@ class FakeServer:
         sent: asyncio.Future[None] | None = None,
         answered: asyncio.Future[None] | None = None,
         stats: Reply | None = None,
+        go: Callable[[], Awaitable[bool]] | None = None,
     ) -> Reply:
         stats = stats if stats is not None else Reply()
         clock = self.clock
@@ -75,10 +79,17 @@ class FakeServer:
             return round((clock.now() - t0) * 1e6)
 
         rid = headers["X-Request-Id"]
+        s = self.script(rid)
+        if s.connect:
+            await clock.sleep(s.connect)
+        if go is not None and not await go():  # its turn never came: not sent
+            for fut in (sent, answered):
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            return stats
         self.arrivals.append(
             Arrival(clock.now(), url, rid, headers.get("X-Session-Id"), orjson.loads(body))
         )
-        s = self.script(rid)
         try:
             if sent is not None:
                 sent.set_result(None)

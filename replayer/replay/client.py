@@ -8,6 +8,7 @@ transport becomes a status and an error class, never an escape.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+Go = Callable[[], Awaitable[bool]]
+"""Awaited once the connection is ready, just before the request's first
+byte is written: the request's turn (strict order lets connections open
+ahead and write one after another); False: the run stopped meanwhile, and
+the request is abandoned unwritten."""
+
+
 class _Body(aiohttp.BytesPayload):
     """A body written apart from the request's headers. aiohttp joins the
     two into one new buffer before the socket write (on Python < 3.12.9):
@@ -106,21 +114,31 @@ class _Body(aiohttp.BytesPayload):
     writes with no suspension between them (neither drains: the headers are
     small), the body goes from its own bytes to the socket.
 
-    ``sent`` resolves once the body is in the transport, before the wait
-    for the socket to drain: strict order's signal that the next request
-    may go (an aiohttp trace config did it with a dozen signal awaits per
-    request, most of them for events nobody listened to)."""
+    ``go`` runs first (the headers are still buffered then: nothing of the
+    request has left). ``sent`` resolves once the body is in the transport,
+    before the wait for the socket to drain: strict order's signal that the
+    next request may go (an aiohttp trace config did it with a dozen signal
+    awaits per request, most of them for events nobody listened to)."""
 
-    def __init__(self, value: bytes, sent: asyncio.Future[None] | None) -> None:
+    def __init__(self, value: bytes, sent: asyncio.Future[None] | None, go: Go | None) -> None:
         super().__init__(value)
         self._sent = sent
+        self._go = go
+        self.refused = False
 
     async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        if self._go is not None and not await self._go():
+            self.refused = True
+            raise NotSent
         await writer.write(b"")  # the buffered headers, alone
         await writer.write(self._value, drain=False)
         if self._sent is not None and not self._sent.done():
             self._sent.set_result(None)
         await writer.drain()
+
+
+class NotSent(Exception):
+    """The request was abandoned before its first byte was written."""
 
 
 async def send(
@@ -136,6 +154,7 @@ async def send(
     sent: asyncio.Future[None] | None = None,
     answered: asyncio.Future[None] | None = None,
     stats: Reply | None = None,
+    go: Go | None = None,
 ) -> Reply:
     """Send one request and fill ``result`` (times relative to ``t0``).
 
@@ -143,13 +162,15 @@ async def send(
     completions for a path it does not know) into ``stats``, which the
     caller may watch while the stream runs. ``sent`` resolves once the body
     is handed to the transport, ``answered`` once the response headers are in;
-    both resolve when the request ends, whatever happened."""
+    both resolve when the request ends, whatever happened. ``go`` (see
+    :data:`Go`) refusing leaves ``result`` untouched: never sent."""
     loop = asyncio.get_running_loop()
     stats = stats if stats is not None else Reply()
     if keep_text:
         stats.keep_text = True
     acc = accumulator(api_for_path(url) or Api.CHAT, stats)
     started = False
+    out = _Body(body, sent, go)
 
     def us(t: float) -> int:
         return round((t - t0) * 1e6)
@@ -157,7 +178,7 @@ async def send(
     try:
         async with (
             asyncio.timeout(request_timeout),
-            session.post(url, data=_Body(body, sent), headers=headers) as resp,
+            session.post(url, data=out, headers=headers) as resp,
         ):
             started = True
             result.first_byte_us = us(loop.time())
@@ -221,6 +242,10 @@ async def send(
     for fut in (sent, answered):
         if fut is not None and not fut.done():
             fut.set_result(None)
+    if out.refused:  # whatever aiohttp made of the abandoned write
+        result.status, result.error_class, result.error = Status.SKIPPED, None, None
+        result.http_status = result.first_byte_us = None
+        return stats
     result.done_us = us(loop.time())
     if stats.first_token is not None:
         result.first_token_us = us(stats.first_token)

@@ -4,9 +4,13 @@ Every target replays the whole selection under its own schedule, all started
 on the same monotonic T0 in one event loop. ``strict`` order runs one
 dispatcher per target that walks the plan in trace order: it waits for a
 request's previous turn, then for its eligible time, then for a concurrency
-slot, and hands the request to its own task. ``session`` order runs one task
-per session. Bodies are built just before their time from the trace (lazily,
-O(appended) per turn) and the first ones before T0, so start-up has no burst.
+slot, and hands the request to its own task. That task opens (or takes) its
+connection at once but writes its first byte only once the previous request's
+last byte is in its transport: a burst's connections open together, its
+requests still leave in trace order (:data:`AHEAD` at most wait their turn).
+``session`` order runs one task per session. Bodies are built just before
+their time from the trace (lazily, O(appended) per turn) and the first ones
+before T0, so start-up has no burst.
 
 A target *fails* on its first server-side failure (transport error, 5xx,
 in-stream error event, cut stream, timeout) or when a monitor says so
@@ -28,6 +32,7 @@ import asyncio
 import bisect
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -70,6 +75,12 @@ WARM_S = 1.0
 """Bodies due within this many seconds of T0 are built before T0."""
 WARM_TIMEOUT = 30.0
 """Real seconds the start waits for them at most (past it, T0 and lag)."""
+AHEAD = 32
+"""Strict order: requests whose connection may open while earlier ones wait
+to be written. A burst of new sessions at one instant otherwise connects one
+connection after another (a loop round trip each, in aiohttp's connector);
+a bound, so an ASAP replay without ``--max-inflight`` does not open a
+connection for every request of the trace at once."""
 
 
 class Sender(Protocol):
@@ -91,6 +102,7 @@ class Sender(Protocol):
         sent: asyncio.Future[None] | None = None,
         answered: asyncio.Future[None] | None = None,
         stats: StreamStats | None = None,
+        go: client.Go | None = None,
     ) -> StreamStats: ...
 
 
@@ -621,6 +633,8 @@ class Replay:
         plan, policy = self.plan, self.policy
         admitted = policy.order is Order.ADMITTED
         last = 0.0  # when the previous request in trace order was due
+        turn: asyncio.Future[None] | None = None  # the previous request's sent
+        ahead: deque[asyncio.Future[None]] = deque()
         for i in range(len(plan)):
             if run.stopped.is_set():
                 return
@@ -646,15 +660,28 @@ class Replay:
             sent: asyncio.Future[None] = loop.create_future()
             answered = loop.create_future() if admitted else None
             task = spawn(
-                self._send(run, i, at, body, sent, answered), name=f"send-{run.target.name}-{i}"
+                self._send(run, i, at, body, sent, answered, None if admitted else turn),
+                name=f"send-{run.target.name}-{i}",
             )
             run.tasks.add(task)
             task.add_done_callback(run.tasks.discard)
-            # the next request goes only once this one's bytes are on the wire,
-            # so the server sees trace order even across connections; admitted
-            # order waits for its response headers: the engine has taken it
-            await (answered if answered is not None else sent)
+            # a task cancelled before it ran never resolves its own
+            task.add_done_callback(partial(_resolve, (sent, answered)))
             last = at
+            if answered is not None:
+                # admitted order waits for the response headers: the engine has
+                # taken it (its connection opens only then: a request the
+                # engine may never take must not hold the next one's turn)
+                await answered
+                continue
+            # the next request writes only once this one's bytes are on the
+            # wire, so the server sees trace order even across connections
+            turn = sent
+            ahead.append(sent)
+            while ahead and ahead[0].done():
+                ahead.popleft()
+            if len(ahead) >= AHEAD:
+                await asyncio.wait((ahead.popleft(),))
 
     async def _dispatch_sessions(self, run: TargetRun) -> None:
         plan, timing = self.plan, self.policy.timing
@@ -720,16 +747,35 @@ class Replay:
         body: bytes,
         sent: asyncio.Future[None] | None = None,
         answered: asyncio.Future[None] | None = None,
+        turn: asyncio.Future[None] | None = None,
     ) -> None:
+        """Send request ``i``: its first byte only after ``turn`` (the previous
+        request's ``sent``) and only while the run goes on; seq and dispatch
+        time are stamped then, the order the target sees."""
         row = self.plan.rows[i]
         r = run.results[i]
         r.scheduled_us = round(at * 1e6)
         now = self.clock.now()
-        r.dispatched_us = round((now - self.t0) * 1e6)
-        r.seq = run.sent
-        run.sent += 1
-        run.inflight += 1
-        run.last_lag_us = r.dispatched_us - r.scheduled_us
+        refused = on_wire = False
+
+        def stamp() -> None:
+            r.dispatched_us = round((self.clock.now() - self.t0) * 1e6)
+            r.seq = run.sent
+            run.sent += 1
+            run.last_lag_us = r.dispatched_us - (r.scheduled_us or 0)
+
+        async def go() -> bool:
+            nonlocal refused, on_wire
+            if turn is not None and not turn.done():
+                await asyncio.wait((turn,))
+            if run.stopped.is_set():
+                refused = True
+                return False
+            stamp()
+            on_wire = True
+            run.inflight += 1  # counted from its first byte, like ``sent``
+            return True
+
         headers = run.target.headers()
         headers["X-Request-Id"] = self._rid[row]
         if self.policy.session_header:
@@ -750,26 +796,36 @@ class Replay:
                 sent=sent,
                 answered=answered,
                 stats=stats,
+                go=go,
             )
         except asyncio.CancelledError:
             if not run.aborting:
                 raise
-            r.status = Status.TIMEOUT
-            if run.interrupted:
-                r.error_class = "interrupted"
-                r.error = "the replay was interrupted before the response finished"
-            else:  # aborted by the hang watchdog: the request never finished
-                r.error_class = "hang"
-                r.error = "aborted: the target stopped making progress"
-            r.done_us = round((self.clock.now() - self.t0) * 1e6)
             for fut in (sent, answered):
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+            if r.seq is None:  # aborted before its first byte: never sent
+                refused = True
+                r.status, r.error_class, r.error = Status.SKIPPED, None, None
+            else:
+                r.status = Status.TIMEOUT
+                if run.interrupted:
+                    r.error_class = "interrupted"
+                    r.error = "the replay was interrupted before the response finished"
+                else:  # aborted by the hang watchdog: the request never finished
+                    r.error_class = "hang"
+                    r.error = "aborted: the target stopped making progress"
+                r.done_us = round((self.clock.now() - self.t0) * 1e6)
         finally:
-            run.inflight -= 1
+            if on_wire:
+                run.inflight -= 1
             run.inflight_map.pop(i, None)
             if run.slots is not None:
                 run.slots.release()
+        if refused:  # the run stopped before its turn: recorded as never sent
+            return
+        if r.seq is None:  # it ended before a byte left (no connection, aborted)
+            stamp()
         if run.watch is not None:
             run.watch.completed(r.request_id, r.error if r.status is not Status.OK else None)
         if self.policy.mode is Mode.LIVE and r.status is Status.OK and i in run.context_len:
@@ -810,6 +866,12 @@ class Replay:
         run.live_subs.setdefault(self.plan.sessions[i], []).append(
             (pos, orjson.dumps(reply).decode())
         )
+
+
+def _resolve(futs: tuple[asyncio.Future[None] | None, ...], _: object) -> None:
+    for fut in futs:
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
 
 def substitute_live(content: list[str], subs: list[tuple[int, str]]) -> list[str]:

@@ -73,3 +73,36 @@ async def test_whole_body_and_an_error_status(emulator):
 )
 def test_stream_error_class(code, message, cls):
     assert stream_error_class(code, message) == cls
+
+
+async def test_a_request_refused_its_turn_is_never_written(emulator):
+    # strict order's turn (``go``) comes after the connection is open; refused
+    # (the run stopped meanwhile), nothing of the request reaches the server
+    # and its result stays unsent; granted, it goes as usual
+    url = emulator.url + "/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    asked: list[str] = []
+
+    def turn(rid: str, granted: bool) -> Any:
+        async def go() -> bool:
+            asked.append(rid)
+            await asyncio.sleep(0)  # the turn is awaited: the request waits in between
+            return granted
+
+        return go
+
+    sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    r, _ = await one(url, body, go=turn("refused", False), sent=sent)
+    assert sent.done()  # whatever happened: the next request is not held
+    assert (r.status, r.seq, r.http_status, r.error_class, r.error, r.done_us) == (
+        Status.SKIPPED,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    r, _ = await one(url, body, go=turn("granted", True))
+    assert (r.status, r.http_status) == (Status.OK, 200)
+    assert asked == ["refused", "granted"]
+    assert len([e for e in emulator.read_request_log() if e["event"] == "request"]) == 1

@@ -590,6 +590,43 @@ async def test_a_failure_stops_dispatch_and_the_rest_is_not_sent(tmp_path):
     ]
 
 
+async def test_a_burst_opens_its_connections_together_and_writes_in_trace_order(tmp_path):
+    # 40 requests due at once, each connection 10 ms to open: opened one after
+    # another (each once the previous request was written) the last would go
+    # at 400 ms; AHEAD of them open together, each written once the one
+    # before it is
+    n = engine.AHEAD + 8
+    t = timed_trace(tmp_path, [0] * n)
+    replay, server, _ = await vreplay(
+        tmp_path, t, script=lambda rid: Script(connect=0.010, ttft=1.0, tokens=1)
+    )
+    results = replay.runs["e"].results
+    assert server.order() == [f"r{i}" for i in range(n)]
+    assert [r.seq for r in results] == list(range(n))
+    # the next one's connection opens once the oldest waiting one is written
+    assert [r.dispatched_us for r in results] == [10_000] * engine.AHEAD + [20_000] * 8
+    assert [us_after_t0(replay, a.at) for a in server.arrivals] == [
+        r.dispatched_us for r in results
+    ]
+    assert all(r.status.value == "ok" for r in results)
+
+
+async def test_a_request_still_connecting_when_the_target_fails_is_never_sent(tmp_path):
+    # r1 is due at 5 ms but its connection opens at 25 ms; r0 failed at 10 ms
+    t = timed_trace(tmp_path, [0, 5, 6])
+    script = {"r0": Script(ttft=0.010, status=500), "r1": Script(connect=0.020)}
+    replay, server, _ = await vreplay(tmp_path, t, script=lambda rid: script.get(rid, Script()))
+    run = replay.runs["e"]
+    assert run.failure is not None and run.failure.at_us == 10_000
+    assert server.order() == ["r0"]
+    got = [(r.status.value, r.error_class, r.seq, r.dispatched_us) for r in run.results]
+    assert got == [
+        ("http_error", "http_500", 0, 0),
+        ("not_sent_after_crash", "target_failed", None, None),
+        ("not_sent_after_crash", "target_failed", None, None),
+    ]
+
+
 async def test_continue_after_a_failure_keeps_the_schedule(tmp_path):
     t = timed_trace(tmp_path, [0, 100, 200, 300])
     fails = Script(ttft=0.010, status=500)
