@@ -286,6 +286,77 @@ def prebuilt_child(trace: str, n: int, seconds: float, url: str) -> None:
     print(json.dumps(asyncio.run(go())))
 
 
+def floor_child(trace: str, url: str) -> None:
+    """The t = 0 burst's bodies, pre-built, written in strict order (each
+    once the previous one is in its transport), two ways: aiohttp with
+    replayer's own body payload, and a bare asyncio protocol (keep-alive
+    pool, the request written as two transport writes, the answer known by
+    its ``[DONE]``): what any client on aiohttp, and a lean one, could do."""
+    import aiohttp
+
+    from replayer._async import spawn
+    from replayer.replay.client import _Body
+
+    path, bs = bodies(Path(trace), BURST)
+    host, port = url.removeprefix("http://").split(":")
+    headers = {"Content-Type": "application/json"}
+
+    async def with_aiohttp() -> float:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            loop = asyncio.get_running_loop()
+            tasks = []
+
+            async def one(body: bytes, sent: asyncio.Future[None]) -> None:
+                async with session.post(
+                    url + path, data=_Body(body, sent, None), headers=headers
+                ) as r:
+                    await r.read()
+
+            t0 = time.perf_counter()
+            for b in bs:
+                sent: asyncio.Future[None] = loop.create_future()
+                tasks.append(spawn(one(b, sent), name="floor-send"))
+                await sent
+            took = time.perf_counter() - t0
+            await asyncio.gather(*tasks)
+            return took
+
+    class Conn(asyncio.Protocol):
+        def __init__(self, pool: list[Conn]) -> None:
+            self.pool, self.buf = pool, b""
+            self.transport: asyncio.Transport | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            if b"[DONE]" in self.buf:
+                self.buf = b""
+                self.pool.append(self)
+
+    async def with_protocol() -> float:
+        loop = asyncio.get_running_loop()
+        pool: list[Conn] = []
+        t0 = time.perf_counter()
+        for b in bs:
+            if pool:
+                c = pool.pop()
+            else:
+                _, c = await loop.create_connection(lambda: Conn(pool), host, int(port))
+            assert c.transport is not None
+            head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            c.transport.write(head.encode() + b"Content-Length: %d\r\n\r\n" % len(b))
+            c.transport.write(b)
+            await asyncio.sleep(0)  # one loop pass, as a send task would take
+        return time.perf_counter() - t0
+
+    out = {"aiohttp_ms": asyncio.run(with_aiohttp()) * 1e3}
+    time.sleep(1)  # the sink drains the first burst
+    out["protocol_ms"] = asyncio.run(with_protocol()) * 1e3
+    print(json.dumps(out))
+
+
 def measure(
     url: str, cmd: list[str], log: Path, timeout: float, pin: int | None = SEND_CPU
 ) -> dict[str, Any]:
@@ -470,8 +541,21 @@ def burst(url: str, trace: Path, repeat: int) -> dict[str, Any]:
     and one that answers after 3 s (a server busy with prefill: every
     request on a connection of its own); ``repeat`` rounds, interleaved
     (this VM drifts), lag of the last request sent (summary ``lag_ms``)."""
-    runs: dict[str, list[float]] = {"answer-at-once": [], "answer-after-3s": []}
+    runs: dict[str, list[float]] = {
+        "answer-at-once": [],
+        "answer-after-3s": [],
+        "floor-aiohttp": [],
+        "floor-protocol": [],
+    }
     for _ in range(repeat):
+        _get(url, "/reset")
+        floor = run_child([sys.executable, "-m", "bench.wire_speed", "floor", str(trace), url],
+                          log=WORK / "burst-floor.log", timeout=300, cpu=SEND_CPU)  # fmt: skip
+        got = [json.loads(ln) for ln in floor.log_tail(4000).splitlines() if ln.startswith("{")]
+        if floor.rc != 0 or not got:
+            raise RuntimeError(f"burst floor exited {floor.rc}: {floor.log_tail(800)}")
+        runs["floor-aiohttp"].append(round(got[-1]["aiohttp_ms"], 1))
+        runs["floor-protocol"].append(round(got[-1]["protocol_ms"], 1))
         for label, delay in (("answer-at-once", 0), ("answer-after-3s", 3000)):
             run_dir = WORK / f"burst-{label}"
             cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
@@ -568,10 +652,12 @@ def sigterm(url: str, trace: Path, runs: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    if argv and argv[0] in ("sink", "raw", "prebuilt"):
+    if argv and argv[0] in ("sink", "raw", "prebuilt", "floor"):
         kind, rest = argv[0], argv[1:]
         if kind == "sink":
             sink_main(rest[0])
+        elif kind == "floor":
+            floor_child(rest[0], rest[1])
         else:
             fn = raw_child if kind == "raw" else prebuilt_child
             fn(rest[0], int(rest[1]), float(rest[2]), rest[3])
@@ -630,7 +716,7 @@ def render(fig: dict[str, Any]) -> str:
         )
     for label, b in fig.get("burst", {}).items():
         lines.append(
-            f"t = 0 burst, {label}: last request {b['lag_max_ms_median']} ms late "
+            f"t = 0 burst, {label}: last request out after {b['lag_max_ms_median']} ms "
             f"(median; all {b['all']})"
         )
     if "workers" in fig:
