@@ -756,7 +756,7 @@ class Replay:
         r = run.results[i]
         r.scheduled_us = round(at * 1e6)
         now = self.clock.now()
-        refused = on_wire = False
+        refused = False
 
         def stamp() -> None:
             r.dispatched_us = round((self.clock.now() - self.t0) * 1e6)
@@ -765,14 +765,13 @@ class Replay:
             run.last_lag_us = r.dispatched_us - (r.scheduled_us or 0)
 
         async def go() -> bool:
-            nonlocal refused, on_wire
+            nonlocal refused
             if turn is not None and not turn.done():
                 await asyncio.wait((turn,))
             if run.stopped.is_set():
                 refused = True
                 return False
             stamp()
-            on_wire = True
             run.inflight += 1  # counted from its first byte, like ``sent``
             return True
 
@@ -801,12 +800,9 @@ class Replay:
         except asyncio.CancelledError:
             if not run.aborting:
                 raise
-            for fut in (sent, answered):
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
-            if r.seq is None:  # aborted before its first byte: never sent
+            _resolve((sent, answered))
+            if r.seq is None:  # aborted before its first byte: never sent (untouched)
                 refused = True
-                r.status, r.error_class, r.error = Status.SKIPPED, None, None
             else:
                 r.status = Status.TIMEOUT
                 if run.interrupted:
@@ -817,7 +813,7 @@ class Replay:
                     r.error = "aborted: the target stopped making progress"
                 r.done_us = round((self.clock.now() - self.t0) * 1e6)
         finally:
-            if on_wire:
+            if r.seq is not None:  # stamped by go: on the wire (counted in)
                 run.inflight -= 1
             run.inflight_map.pop(i, None)
             if run.slots is not None:
@@ -868,7 +864,9 @@ class Replay:
         )
 
 
-def _resolve(futs: tuple[asyncio.Future[None] | None, ...], _: object) -> None:
+def _resolve(futs: tuple[asyncio.Future[None] | None, ...], _task: object = None) -> None:
+    """Resolve what is not yet: strict order's signals must fire whatever
+    became of the request, or the next one waits forever."""
     for fut in futs:
         if fut is not None and not fut.done():
             fut.set_result(None)
