@@ -292,10 +292,26 @@ def floor_child(trace: str, url: str) -> None:
     replayer's own body payload, and a bare asyncio protocol (keep-alive
     pool, the request written as two transport writes, the answer known by
     its ``[DONE]``): what any client on aiohttp, and a lean one, could do."""
+    from typing import Any as _Any
+
     import aiohttp
 
     from replayer._async import spawn
-    from replayer.replay.client import _Body
+
+    class _Body(aiohttp.BytesPayload):
+        """The body as its own write after the headers; ``sent`` once in the
+        transport (what replayer's client did on aiohttp, until stop 25)."""
+
+        def __init__(self, value: bytes, sent: asyncio.Future[None]) -> None:
+            super().__init__(value)
+            self._sent = sent
+
+        async def write_with_length(self, writer: _Any, content_length: int | None) -> None:
+            await writer.write(b"")
+            await writer.write(self._value, drain=False)
+            if not self._sent.done():
+                self._sent.set_result(None)
+            await writer.drain()
 
     path, bs = bodies(Path(trace), BURST)
     host, port = url.removeprefix("http://").split(":")
@@ -307,9 +323,7 @@ def floor_child(trace: str, url: str) -> None:
             tasks = []
 
             async def one(body: bytes, sent: asyncio.Future[None]) -> None:
-                async with session.post(
-                    url + path, data=_Body(body, sent, None), headers=headers
-                ) as r:
+                async with session.post(url + path, data=_Body(body, sent), headers=headers) as r:
                     await r.read()
 
             t0 = time.perf_counter()

@@ -44,7 +44,8 @@ def streaming_timeout(connect: float = CONNECT_TIMEOUT_S) -> aiohttp.ClientTimeo
     return aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect, sock_read=None)
 
 
-def out_of_fds(exc: aiohttp.ClientConnectorError) -> bool:
+def out_of_fds(exc: aiohttp.ClientConnectorError | OSError) -> bool:
     """The connection failed for lack of file descriptors: this process's
     limit (see ``ulimit -n``), which says nothing about the server."""
-    return exc.os_error.errno in (errno.EMFILE, errno.ENFILE)
+    err = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    return err.errno in (errno.EMFILE, errno.ENFILE)

@@ -1,8 +1,9 @@
 """Talking to one OpenAI-compatible target: pre-flight and one request.
 
-The hot path is aiohttp (measured against httpx in bench/RESULTS.md). A
-request's record is filled in place, whatever happens: an exception of the
-transport becomes a status and an error class, never an escape.
+Requests go out through :mod:`replayer.replay.http1` (the hot path: why
+there); pre-flight through aiohttp. A request's record is filled in place,
+whatever happens: an exception of the transport becomes a status and an
+error class, never an escape.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from replayer._http import out_of_fds
 from replayer.monitor.classify import is_engine_death_message
+from replayer.replay import http1
 from replayer.replay.results import Result, Status
 from replayer.wire import Api, Reply, SSEDecoder, accumulator, api_for_path, error_message
 
@@ -107,42 +109,8 @@ ahead and write one after another); False: the run stopped meanwhile, and
 the request is abandoned unwritten."""
 
 
-class _Body(aiohttp.BytesPayload):
-    """A body written apart from the request's headers. aiohttp joins the
-    two into one new buffer before the socket write (on Python < 3.12.9):
-    a copy of every body, on the event loop, holding the GIL. Written as two
-    writes with no suspension between them (neither drains: the headers are
-    small), the body goes from its own bytes to the socket.
-
-    ``go`` runs first (the headers are still buffered then: nothing of the
-    request has left). ``sent`` resolves once the body is in the transport,
-    before the wait for the socket to drain: strict order's signal that the
-    next request may go (an aiohttp trace config did it with a dozen signal
-    awaits per request, most of them for events nobody listened to)."""
-
-    def __init__(self, value: bytes, sent: asyncio.Future[None] | None, go: Go | None) -> None:
-        super().__init__(value)
-        self._sent = sent
-        self._go = go
-        self.refused = False
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        if self._go is not None and not await self._go():
-            self.refused = True
-            raise NotSent
-        await writer.write(b"")  # the buffered headers, alone
-        await writer.write(self._value, drain=False)
-        if self._sent is not None and not self._sent.done():
-            self._sent.set_result(None)
-        await writer.drain()
-
-
-class NotSent(Exception):
-    """The request was abandoned before its first byte was written."""
-
-
 async def send(
-    session: aiohttp.ClientSession,
+    pool: http1.Pool,
     url: str,
     body: bytes,
     headers: dict[str, str],
@@ -156,95 +124,117 @@ async def send(
     stats: Reply | None = None,
     go: Go | None = None,
 ) -> Reply:
-    """Send one request and fill ``result`` (times relative to ``t0``).
+    """Send one request over ``pool`` and fill ``result`` (times relative to
+    ``t0``).
 
     The response is read by the accumulator of the API ``url`` names (chat
     completions for a path it does not know) into ``stats``, which the
-    caller may watch while the stream runs. ``sent`` resolves once the body
-    is handed to the transport, ``answered`` once the response headers are in;
-    both resolve when the request ends, whatever happened. ``go`` (see
-    :data:`Go`) refusing leaves ``result`` untouched: never sent."""
+    caller may watch while the stream runs; a stream's events are read on
+    the loop callback that received them, stamped with that moment.
+    ``sent`` resolves once the body is handed to the transport (strict
+    order's signal that the next request may go), ``answered`` once the
+    response headers are in; both resolve when the request ends, whatever
+    happened. ``go`` (see :data:`Go`) refusing leaves ``result``
+    untouched: never sent."""
     loop = asyncio.get_running_loop()
     stats = stats if stats is not None else Reply()
     if keep_text:
         stats.keep_text = True
     acc = accumulator(api_for_path(url) or Api.CHAT, stats)
-    started = False
-    out = _Body(body, sent, go)
+    dec = SSEDecoder()
+
+    def sink(chunk: bytes, now: float) -> None:
+        for ev in dec.feed(chunk):
+            acc.event(ev, now)
 
     def us(t: float) -> int:
         return round((t - t0) * 1e6)
 
+    target = http1.split(url)
+    head = http1.request_head(target, headers, len(body))
+    conn: http1.Conn | None = None
+    reuse = refused = False
     try:
-        async with (
-            asyncio.timeout(request_timeout),
-            session.post(url, data=out, headers=headers) as resp,
-        ):
-            started = True
-            result.first_byte_us = us(loop.time())
-            if answered is not None and not answered.done():
-                answered.set_result(None)
-            result.http_status = resp.status
-            if resp.status != 200:
-                payload = await resp.read()
-                result.status = Status.HTTP_ERROR
-                result.error_class = f"http_{resp.status}"
-                result.error = error_message(payload)
-            elif resp.content_type == "text/event-stream":  # aiohttp's: lower case, no parameters
-                dec = SSEDecoder()
-                async for chunk in resp.content.iter_any():
-                    now = loop.time()
-                    for ev in dec.feed(chunk):
-                        acc.event(ev, now)
-                if stats.error is not None:
-                    result.status = Status.HTTP_ERROR
-                    result.error = stats.error[:2000]
-                    result.error_class = stream_error_class(stats.error_code, result.error)
-                elif not stats.done:
-                    result.status = Status.TRANSPORT_ERROR
-                    result.error_class = "stream_cut"
-                    result.error = "stream ended without [DONE]"
-                else:
-                    result.status = Status.OK
+        async with asyncio.timeout(request_timeout):
+            conn = await pool.connect(target.origin)
+            if go is not None and not await go():
+                refused = reuse = True
             else:
-                payload = await resp.read()
-                if not acc.body(payload):
+                resp = conn.request(head, body, sink)
+                if sent is not None and not sent.done():
+                    sent.set_result(None)
+                await resp.head
+                if not resp.headers_in:
+                    raise resp.error or http1.Disconnected("no response")
+                result.first_byte_us = us(resp.head_at)
+                if answered is not None and not answered.done():
+                    answered.set_result(None)
+                result.http_status = resp.status
+                await resp.done
+                if resp.error is not None:
+                    raise resp.error
+                reuse = resp.keep_alive
+                if resp.status != 200:
+                    payload = b"".join(resp.body)
                     result.status = Status.HTTP_ERROR
-                    result.error_class = "bad_body"
-                    result.error = payload[:500].decode(errors="replace")
-                elif stats.error is not None:  # an error object in a 200 body
-                    result.status = Status.HTTP_ERROR
-                    result.error = stats.error[:2000]
-                    result.error_class = stream_error_class(stats.error_code, result.error)
+                    result.error_class = f"http_{resp.status}"
+                    result.error = error_message(payload)
+                elif resp.streamed:
+                    if stats.error is not None:
+                        result.status = Status.HTTP_ERROR
+                        result.error = stats.error[:2000]
+                        result.error_class = stream_error_class(stats.error_code, result.error)
+                    elif not stats.done:
+                        result.status = Status.TRANSPORT_ERROR
+                        result.error_class = "stream_cut"
+                        result.error = "stream ended without [DONE]"
+                    else:
+                        result.status = Status.OK
                 else:
-                    result.status = Status.OK
+                    payload = b"".join(resp.body)
+                    if not acc.body(payload):
+                        result.status = Status.HTTP_ERROR
+                        result.error_class = "bad_body"
+                        result.error = payload[:500].decode(errors="replace")
+                    elif stats.error is not None:  # an error object in a 200 body
+                        result.status = Status.HTTP_ERROR
+                        result.error = stats.error[:2000]
+                        result.error_class = stream_error_class(stats.error_code, result.error)
+                    else:
+                        result.status = Status.OK
     except TimeoutError:
         result.status = Status.TIMEOUT
         result.error_class = "timeout"
         result.error = f"no complete response within {request_timeout:g} s"
-    except aiohttp.ClientConnectorError as exc:
+    except http1.ConnectError as exc:
         result.status = Status.TRANSPORT_ERROR
-        own = out_of_fds(exc)  # the replayer's own limit, not the target's crash
+        own = out_of_fds(exc.os_error)  # the replayer's own limit, not the target's crash
         result.error_class = "client_resources" if own else "connect"
-        result.error = _describe(exc) + (" (replayer out of file descriptors)" if own else "")
-    except (
-        aiohttp.ClientPayloadError,
-        aiohttp.ServerDisconnectedError,
-        aiohttp.ClientOSError,
-    ) as exc:
+        result.error = f"cannot connect ({exc})" + (
+            " (replayer out of file descriptors)" if own else ""
+        )
+    except http1.Disconnected as exc:
         result.status = Status.TRANSPORT_ERROR
-        result.error_class = "stream_cut" if started else "disconnected"
-        result.error = _describe(exc)
-    except aiohttp.ClientError as exc:
+        result.error_class = "disconnected"
+        result.error = str(exc)
+    except http1.StreamCut as exc:
+        result.status = Status.TRANSPORT_ERROR
+        result.error_class = "stream_cut"
+        result.error = str(exc)
+    except http1.BadResponse as exc:
         result.status = Status.TRANSPORT_ERROR
         result.error_class = "client"
-        result.error = _describe(exc)
+        result.error = str(exc)
+    finally:
+        if conn is not None:
+            if reuse:
+                pool.release(conn)
+            else:
+                conn.close()
     for fut in (sent, answered):
         if fut is not None and not fut.done():
             fut.set_result(None)
-    if out.refused:  # whatever aiohttp made of the abandoned write
-        result.status, result.error_class, result.error = Status.SKIPPED, None, None
-        result.http_status = result.first_byte_us = None
+    if refused:
         return stats
     result.done_us = us(loop.time())
     if stats.first_token is not None:

@@ -42,7 +42,6 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from replayer import _http
 from replayer._async import spawn
 from replayer._clock import REAL, Clock
 from replayer.monitor.metrics import MetricsWriter
@@ -54,7 +53,7 @@ from replayer.monitor.watch import (
     TargetWatch,
     WatchConfig,
 )
-from replayer.replay import client
+from replayer.replay import client, http1
 from replayer.replay.bodies import Bodies, body_patch
 from replayer.replay.client import Endpoint, TargetFacts
 from replayer.replay.plan import Plan
@@ -78,7 +77,7 @@ WARM_TIMEOUT = 30.0
 AHEAD = 32
 """Strict order: requests whose connection may open while earlier ones wait
 to be written. A burst of new sessions at one instant otherwise connects one
-connection after another (a loop round trip each, in aiohttp's connector);
+connection after another (a loop round trip each);
 a bound, so an ASAP replay without ``--max-inflight`` does not open a
 connection for every request of the trace at once."""
 
@@ -90,7 +89,7 @@ class Sender(Protocol):
 
     async def __call__(
         self,
-        session: aiohttp.ClientSession,
+        pool: http1.Pool,
         url: str,
         body: bytes,
         headers: dict[str, str],
@@ -155,7 +154,7 @@ class TargetRun:
     target: Endpoint
     plan: Plan
     results: list[Result]
-    session: aiohttp.ClientSession
+    pool: http1.Pool
     builder: BodyBuilder
     facts: TargetFacts | None = None
     failure: Failure | None = None
@@ -359,20 +358,11 @@ class Replay:
         a target's failure: that is a result."""
         n = len(self.plan)
         for t in self.targets:
-            session = aiohttp.ClientSession(
-                connector=_http.pooled_connector(self.policy.max_inflight or 0),
-                timeout=_http.streaming_timeout(),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-                # a Set-Cookie (a load balancer's stickiness, say) must not put
-                # a Cookie header on later requests the trace never had
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
             run = TargetRun(
                 target=t,
                 plan=self.plan,
                 results=self._new_results(t.name),
-                session=session,
+                pool=http1.Pool(),
                 builder=self.trace.builder(self.plan.rows),
                 facts=self.facts.get(t.name),
                 done_at=[None] * n,
@@ -469,7 +459,7 @@ class Replay:
                         r.status = Status.NOT_SENT_AFTER_CRASH
                         r.error_class = "target_failed" if run.failure else "interrupted"
                         self.writer.add(r)
-                await run.session.close()
+                run.pool.close()
                 if run.bodies is not None:
                     run.bodies.close()
             await asyncio.gather(*(self._conclude(run) for run in self.runs.values()))
@@ -784,7 +774,7 @@ class Replay:
         run.inflight_map[i] = InFlight(i, r.request_id, now - self.t0, self._tokens[row], stats)
         try:
             await self._send_one(
-                run.session,
+                run.pool,
                 url,
                 body,
                 headers,

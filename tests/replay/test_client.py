@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
 from replayer.replay.client import send, stream_error_class
+from replayer.replay.http1 import Pool
 from replayer.replay.results import Result, Status
 from replayer.wire import Reply
 
@@ -19,10 +19,11 @@ MODEL = "moonshotai/Kimi-K3"
 
 async def one(url: str, body: dict[str, Any], **kw: Any) -> tuple[Result, Reply]:
     r = Result(target="t", row=0, request_id="r", session_id="s", turn=0)
-    async with aiohttp.ClientSession() as s:
+    pool = Pool()
+    try:
         loop = asyncio.get_running_loop()
         stats = await send(
-            s,
+            pool,
             url,
             orjson.dumps({"model": MODEL, **body}),
             {"Content-Type": "application/json"},
@@ -31,6 +32,8 @@ async def one(url: str, body: dict[str, Any], **kw: Any) -> tuple[Result, Reply]
             request_timeout=30,
             **kw,
         )
+    finally:
+        pool.close()
     return r, stats
 
 
