@@ -157,6 +157,7 @@ async def send(
     try:
         async with asyncio.timeout(request_timeout):
             conn = await pool.connect(target.origin)
+            await pool.gate.clear(len(head) + len(body))
             if go is not None and not await go():
                 refused = reuse = True
             else:

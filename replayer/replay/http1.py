@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections import deque
 from collections.abc import Callable
 from functools import lru_cache
 from typing import NamedTuple
@@ -273,6 +274,57 @@ class Conn(asyncio.Protocol):
             self.transport.close()
 
 
+WRITE_BUDGET = 1 << 20
+"""Bytes that requests may hand to their transports in one turn of the
+event loop; a request that would pass it waits for the next turn (one alone
+always goes, whatever its size). On loopback a socket write of a megabyte
+costs the kernel 3-10 ms on this machine's VM: thirty sessions due in the
+same millisecond, each writing its body in the same turn, kept the loop
+from its timers and signals for 20-35 ms (bench/RESULTS.md, issue 17)."""
+
+
+class Gate:
+    """Spreads request writes over turns of the loop, in arrival order:
+    :data:`WRITE_BUDGET`'s why. The budget counts what it lets through; a
+    write let through at once and those woken from the previous turn's
+    queue can land in one turn: at most twice the budget (or one write of
+    any size) per turn."""
+
+    def __init__(self, budget: int = WRITE_BUDGET) -> None:
+        self.budget = budget
+        self._used = 0
+        self._turn_ends = False
+        self._waiting: deque[tuple[asyncio.Future[None], int]] = deque()
+
+    async def clear(self, size: int) -> None:
+        """Until ``size`` bytes may be written in this turn."""
+        if self._used and (self._waiting or self._used + size > self.budget):
+            fut = asyncio.get_running_loop().create_future()
+            self._waiting.append((fut, size))
+            await fut  # cancelled: the next turn skips it
+            return
+        self._take(size)
+
+    def _take(self, size: int) -> None:
+        self._used += size
+        if not self._turn_ends:
+            self._turn_ends = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._used, self._turn_ends = 0, False
+        while self._waiting:
+            fut, size = self._waiting[0]
+            if fut.done():
+                self._waiting.popleft()
+                continue
+            if self._used and self._used + size > self.budget:
+                break
+            self._waiting.popleft()
+            self._take(size)
+            fut.set_result(None)
+
+
 class Pool:
     """Keep-alive connections by origin, unbounded (the replay bounds its
     own concurrency). An idle connection is reused only within
@@ -292,6 +344,8 @@ class Pool:
         self._open: set[Conn] = set()
         self.opened = 0
         """Connections opened so far."""
+        self.gate = Gate()
+        """Writes of this pool's requests, spread over turns of the loop."""
 
     async def connect(self, origin: Origin) -> Conn:
         """An idle connection to ``origin``, or a new one (``ConnectError``;

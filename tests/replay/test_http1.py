@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from replayer.replay.client import send
-from replayer.replay.http1 import Pool, request_head, split
+from replayer.replay.http1 import Gate, Pool, request_head, split
 from replayer.replay.results import Result, Status
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -244,3 +244,30 @@ def test_the_head_frames_the_message_and_refuses_injection():
         request_head(t, {"X-Session": "a\r\nX-Injected: 1"}, 0)
     with pytest.raises(ValueError, match="not an http"):
         split("ftp://10.0.0.3/x")
+
+
+async def test_the_gate_spreads_writes_over_turns_in_arrival_order():
+    """Thirty bodies due in the same millisecond must not all be written in
+    one turn of the loop (it would not run its timers and signals
+    meanwhile); one larger than the budget still goes, alone."""
+    gate = Gate(budget=10)
+    ticks = 0
+    log: list[tuple[str, int]] = []
+
+    def tick() -> None:
+        nonlocal ticks
+        ticks += 1
+        if ticks < 100:
+            asyncio.get_running_loop().call_soon(tick)
+
+    async def write(name: str, size: int) -> None:
+        await gate.clear(size)
+        log.append((name, ticks))
+
+    asyncio.get_running_loop().call_soon(tick)
+    async with asyncio.TaskGroup() as tg:
+        for name, size in [("a", 6), ("b", 6), ("c", 3), ("d", 20), ("e", 1)]:
+            tg.create_task(write(name, size))
+    assert [n for n, _ in log] == ["a", "b", "c", "d", "e"]
+    t = dict(log)
+    assert t["a"] < t["b"] == t["c"] < t["d"] < t["e"]
