@@ -350,15 +350,39 @@ class Pool:
     async def connect(self, origin: Origin) -> Conn:
         """An idle connection to ``origin``, or a new one (``ConnectError``;
         ``TimeoutError`` past the connect timeout)."""
-        loop = asyncio.get_running_loop()
         idle = self._idle.get(origin)
         if idle:
-            now = loop.time()
+            now = asyncio.get_running_loop().time()
             while idle:
                 c = idle.pop()
                 if c.usable and now - c.idle_since < self._idle_close:
                     return c
                 c.close()
+        return await self._open_one(origin)
+
+    async def preopen(self, origin: Origin, n: int, *, batch: int = 32) -> int:
+        """Open ``n`` connections to ``origin``, ``batch`` at a time (710 at
+        once kept the loop busy for 60-130 ms), idle in the pool and reused
+        within the idle window like any other; how many opened. A failure
+        stops it and is left for the first request to meet and report."""
+        opened = 0
+        while opened < n:
+            got = await asyncio.gather(
+                *(self._open_one(origin) for _ in range(min(batch, n - opened))),
+                return_exceptions=True,
+            )
+            for c in got:
+                if isinstance(c, Conn):
+                    self.release(c)
+                    opened += 1
+                elif not isinstance(c, Exception):
+                    raise c  # a cancel: the run is stopping
+            if not all(isinstance(c, Conn) for c in got):
+                break
+        return opened
+
+    async def _open_one(self, origin: Origin) -> Conn:
+        loop = asyncio.get_running_loop()
         tls: ssl.SSLContext | None = None
         if origin.scheme == "https":
             if self._ssl is None:

@@ -196,6 +196,28 @@ async def test_recorded_timing_waits_for_the_previous_turn_plus_think_gap(
     assert t1["dispatched_us"] >= t1["scheduled_us"]
 
 
+@pytest.mark.parametrize(
+    ("starts_ms", "before_t0", "opened"),
+    [([0] * 6, 6, 6), ([0, 1500], 1, 1)],
+    ids=["a-burst-of-six", "one-now-one-later"],
+)
+async def test_the_first_seconds_connections_open_before_t0(
+    emulator_factory, tmp_path, starts_ms, before_t0, opened
+):
+    """A burst of new sessions against a server busy with prefill needs a
+    connection each; opened inside the burst they made its tail late. The
+    requests due in the first second find theirs open (and nothing more
+    is opened for them); a later one reuses what is idle."""
+    emu = emulator_factory(["--decode-time", "0.02"])
+    out, _, results = await replay(
+        timed_trace(tmp_path, starts_ms), [Endpoint("e", emu.url)], tmp_path
+    )
+    assert out.exit_code == 0 and [r["status"] for r in results] == ["ok"] * len(starts_ms)
+    conns = out.summary["targets"]["e"]["connections"]
+    assert conns == {"opened": opened, "before_t0": before_t0}
+    assert len({e["peer_port"] for e in arrivals(emu)}) == opened
+
+
 async def test_idle_connections_are_dropped_before_the_server_drops_them(
     emulator_factory, tmp_path
 ):
