@@ -200,8 +200,8 @@ class BlockPrompts:
     assembled from the text of the most recent prompt it extends (found by a
     memcmp common-prefix search among prompts with the same first block) and
     of the blocks it adds, which come from an LRU of block texts or, missed,
-    are drawn in one vectorized batch. Both caches are bounded by bytes
-    (``cache_bytes``, three quarters for prompts). The bytes are exactly the
+    are drawn in one vectorized batch. The prompts kept are bounded by
+    ``cache_bytes`` (their text, ids and block ends). The bytes are exactly the
     documented derivation's (tests/trace/test_golden_bodies.py)."""
 
     def __init__(self, space: TokenSpace | None = None, cache_bytes: int = 512 << 20) -> None:
