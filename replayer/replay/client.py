@@ -175,34 +175,25 @@ async def send(
                 if resp.error is not None:
                     raise resp.error
                 reuse = resp.keep_alive
+                payload = b"".join(resp.body)  # empty when streamed to the sink
                 if resp.status != 200:
-                    payload = b"".join(resp.body)
                     result.status = Status.HTTP_ERROR
                     result.error_class = f"http_{resp.status}"
                     result.error = error_message(payload)
-                elif resp.streamed:
-                    if stats.error is not None:
-                        result.status = Status.HTTP_ERROR
-                        result.error = stats.error[:2000]
-                        result.error_class = stream_error_class(stats.error_code, result.error)
-                    elif not stats.done:
-                        result.status = Status.TRANSPORT_ERROR
-                        result.error_class = "stream_cut"
-                        result.error = "stream ended without [DONE]"
-                    else:
-                        result.status = Status.OK
+                elif not resp.streamed and not acc.body(payload):
+                    result.status = Status.HTTP_ERROR
+                    result.error_class = "bad_body"
+                    result.error = payload[:500].decode(errors="replace")
+                elif stats.error is not None:  # an error event, or an error object in a 200 body
+                    result.status = Status.HTTP_ERROR
+                    result.error = stats.error[:2000]
+                    result.error_class = stream_error_class(stats.error_code, result.error)
+                elif resp.streamed and not stats.done:
+                    result.status = Status.TRANSPORT_ERROR
+                    result.error_class = "stream_cut"
+                    result.error = "stream ended without [DONE]"
                 else:
-                    payload = b"".join(resp.body)
-                    if not acc.body(payload):
-                        result.status = Status.HTTP_ERROR
-                        result.error_class = "bad_body"
-                        result.error = payload[:500].decode(errors="replace")
-                    elif stats.error is not None:  # an error object in a 200 body
-                        result.status = Status.HTTP_ERROR
-                        result.error = stats.error[:2000]
-                        result.error_class = stream_error_class(stats.error_code, result.error)
-                    else:
-                        result.status = Status.OK
+                    result.status = Status.OK
     except TimeoutError:
         result.status = Status.TIMEOUT
         result.error_class = "timeout"

@@ -115,13 +115,13 @@ class Response:
         "error",
         "sink",
         "streamed",
-        "headers_in",
         "keep_alive",
         "framed",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sink: Sink | None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sink: Sink) -> None:
         self.status = 0
+        """0 until the headers are in (llhttp never reports 0)."""
         self.content_type = "application/octet-stream"
         """Lower case, without parameters (aiohttp's default when absent)."""
         self.head: asyncio.Future[None] = loop.create_future()
@@ -133,10 +133,13 @@ class Response:
         self.sink = sink
         self.streamed = False
         """A 200 ``text/event-stream``: its chunks went to the sink."""
-        self.headers_in = False
         self.keep_alive = False
         self.framed = False
         """Its length is known (Content-Length or chunked): not read to close."""
+
+    @property
+    def headers_in(self) -> bool:
+        return self.status != 0
 
     def finish(self) -> None:
         for f in (self.head, self.done):
@@ -220,10 +223,7 @@ class Conn(asyncio.Protocol):
         assert r is not None
         r.status = self._parser.get_status_code()
         r.head_at = self._loop.time()
-        r.headers_in = True
-        r.streamed = (
-            r.sink is not None and r.status == 200 and r.content_type == "text/event-stream"
-        )
+        r.streamed = r.status == 200 and r.content_type == "text/event-stream"
         if r.status in (204, 304):
             r.framed = True
         r.head.set_result(None)
@@ -232,7 +232,6 @@ class Conn(asyncio.Protocol):
         r = self._resp
         assert r is not None
         if r.streamed:
-            assert r.sink is not None
             r.sink(body, self._loop.time())
         else:
             r.body.append(body)
@@ -245,7 +244,7 @@ class Conn(asyncio.Protocol):
 
     # -- the caller's side ---------------------------------------------------
 
-    def request(self, head: bytes, body: bytes, sink: Sink | None) -> Response:
+    def request(self, head: bytes, body: bytes, sink: Sink) -> Response:
         """Write a request (headers and body as two writes: the body goes to
         the socket from its own bytes, not joined into a new buffer). Not
         waited on: the transport holds what the socket has not taken, and

@@ -198,7 +198,7 @@ async def test_recorded_timing_waits_for_the_previous_turn_plus_think_gap(
 
 @pytest.mark.parametrize(
     ("starts_ms", "before_t0", "opened"),
-    [([0] * 6, 6, 6), ([0, 1500], 1, 1)],
+    [([0] * 6, 6, 6), ([0, 1000], 1, 1)],
     ids=["a-burst-of-six", "one-now-one-later"],
 )
 async def test_the_first_seconds_connections_open_before_t0(
