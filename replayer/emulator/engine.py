@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -114,7 +114,6 @@ class Engine:
         self.generated = 0
         self._sessions: dict[str, int] = {}
         self._turns: dict[str, int] = {}
-        self._rng = random.Random(f"engine:{cfg.seed}")
         self._wake = asyncio.Event()
         self._effect = asyncio.Event()
         self._pending: list[_Pending] = []
@@ -173,7 +172,7 @@ class Engine:
             arrival=time.monotonic(),
             session_index=sidx,
             turn=turn,
-            text_seed=self._rng.randrange(1 << 16),
+            text_seed=self._text_seed(hashes, prompt_len),
         )
         values: dict[str, float] = {
             "request": req.n,
@@ -216,6 +215,15 @@ class Engine:
         self._evaluate("request", req, values, log_fields.get("seq"))
         self._wake.set()
         return req
+
+    def _text_seed(self, hashes: list[bytes], prompt_len: int) -> int:
+        """The output text follows from the prompt (and ``--seed``), as a
+        greedy vLLM's does: drawn in admission order, two replays whose
+        requests were admitted in another order (strict order fixes what
+        the host receives, not what the engine takes first) got different
+        texts for the same requests."""
+        key = b"%d:%d:%b" % (self.cfg.seed, prompt_len, hashes[-1] if hashes else b"")
+        return int.from_bytes(hashlib.blake2b(key, digest_size=2).digest(), "big")
 
     def _lookup(self, req: Request) -> list[Block]:
         cap = (req.prompt_len - 1) // self.cfg.block_size
