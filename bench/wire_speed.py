@@ -517,6 +517,81 @@ def build_only(trace: Path, n: int) -> dict[str, Any]:
     }
 
 
+MEMORY_BOUNDS_MB = (256, 384, 512, 4096)
+"""Prompt-cache bounds built under; 4,096 MB holds every prompt (the floor:
+what no cache can save, each session's first turn and the blocks each turn
+adds)."""
+
+
+def memory_child(trace: str, cap_mb: str) -> None:
+    """Build every body in dispatch order through the replay's own planned
+    builder under one bound, nothing sent; figures as one JSON line."""
+    from replayer.trace import Trace
+
+    t = Trace.open(trace)
+    t.set_body_cache(int(cap_mb) << 20)
+    rows = list(t.order)
+    b = t.builder(rows)
+    c0, total, peak_cache = time.process_time(), 0, 0
+    for r in rows:
+        total += len(b.json(r, {"stream": True}))
+        peak_cache = max(peak_cache, t._prompts._prompts.size)
+    cpu = time.process_time() - c0
+    out = {"cap_mb": int(cap_mb), "requests": len(rows), "mb": round(total / 1e6),
+           "mb_per_cpu_s": round(total / 1e6 / cpu), "cache_peak_mb": peak_cache >> 20,
+           **t._prompts.stats}  # fmt: skip
+    print(json.dumps(out), flush=True)
+
+
+def memory(trace: Path) -> dict[str, Any]:
+    """Peak RSS of building the whole corpus, per prompt-cache bound, and the
+    blocks drawn again (past the floor an unbounded cache draws)."""
+    out: dict[str, Any] = {}
+    for cap in MEMORY_BOUNDS_MB:
+        cmd = [sys.executable, "-m", "bench.wire_speed", "memory", str(trace), str(cap)]
+        run = run_child(cmd, log=WORK / f"memory-{cap}.log", timeout=900, cpu=SEND_CPU)
+        got = [ln for ln in run.log_tail(4000).splitlines() if ln.startswith('{"cap_mb"')]
+        if run.rc != 0 or not got:
+            raise RuntimeError(f"memory {cap} MB exited {run.rc}: {run.log_tail(800)}")
+        out[str(cap)] = {**json.loads(got[-1]), "maxrss_mb": round(run.maxrss / 2**20)}
+    floor = out[str(MEMORY_BOUNDS_MB[-1])]["drawn_blocks"]
+    for v in out.values():
+        v["drawn_again"] = v["drawn_blocks"] - floor
+    return out
+
+
+def _paced(url: str, trace: Path, run_dir: Path, speed: int, limit: int) -> list[str]:
+    """A replay at recorded pace times ``speed`` of the first ``limit`` requests."""
+    return [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
+            "--out", str(run_dir), "--force", "--quiet", "--no-monitor", "--speed",
+            str(speed), "--limit", str(limit), "--model", MODEL]  # fmt: skip
+
+
+CORPUS_REQUESTS = 33049
+"""The corpus at 5x up to where stop 25's run was stopped: 67 % of the
+requests, the dense first 94 minutes of the recording (all 710 sessions
+live at 210 s); the rest is a tail of days."""
+
+
+def corpus(url: str, trace: Path, speed: int = 5) -> dict[str, Any]:
+    """The long run: recorded pace over most of the corpus; lag, stalls and
+    peak RSS over all of it."""
+    run_dir = WORK / f"corpus-{speed}x"
+    cmd = _paced(url, trace, run_dir, speed, CORPUS_REQUESTS)
+    m = measure(url, cmd, WORK / f"corpus-{speed}x.log", 3600)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    target = summary["targets"]["target"]
+    return {
+        "speed": speed,
+        "requests": target["lag_ms"].get("n"),
+        "ok": target["status"].get("ok"),
+        "lag_ms": target["lag_ms"],
+        "loop_stall_ms": summary.get("loop_stall_ms"),
+        "maxrss_mb": m["maxrss_mb"],
+        "process_wall_s": m["process_wall_s"],
+    }
+
+
 PACE_REQUESTS = 2000
 """The corpus' first 2,000 requests: 710 sessions start at t = 0 (389 MB of
 bodies due in the first second), then 45 s of recorded agent turns."""
@@ -528,9 +603,7 @@ def pace(url: str, trace: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for speed in (1, 5, 10, 20):
         run_dir = WORK / f"pace-{speed}x"
-        cmd = [sys.executable, "-m", "replayer", "replay", str(trace), "--target", url,
-               "--out", str(run_dir), "--force", "--quiet", "--no-monitor", "--speed",
-               str(speed), "--limit", str(PACE_REQUESTS), "--model", MODEL]  # fmt: skip
+        cmd = _paced(url, trace, run_dir, speed, PACE_REQUESTS)
         m = measure(url, cmd, WORK / f"pace-{speed}x.log", 900)
         summary = json.loads((run_dir / "summary.json").read_text())
         lag = summary["targets"]["target"]["lag_ms"]
@@ -666,9 +739,11 @@ def sigterm(url: str, trace: Path, runs: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    if argv and argv[0] in ("sink", "raw", "prebuilt", "floor"):
+    if argv and argv[0] in ("sink", "raw", "prebuilt", "floor", "memory"):
         kind, rest = argv[0], argv[1:]
-        if kind == "sink":
+        if kind == "memory":
+            memory_child(rest[0], rest[1])
+        elif kind == "sink":
             sink_main(rest[0])
         elif kind == "floor":
             floor_child(rest[0], rest[1])
@@ -683,7 +758,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     ap.add_argument("--seconds", type=float, default=8.0, help="raw and prebuilt send time")
     ap.add_argument("--sigterm-runs", type=int, default=20, help="replays stopped by SIGTERM")
     ap.add_argument(
-        "--only", choices=("speed", "pace", "burst", "sigterm", "workers"), help="one part only"
+        "--only",
+        choices=("speed", "pace", "burst", "sigterm", "workers", "memory", "corpus"),
+        help="one part only (corpus: ~20 minutes, only when asked for)",
     )
     ap.add_argument("--burst-repeat", type=int, default=5, help="rounds of the t = 0 burst")
     ap.add_argument(
@@ -697,6 +774,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     if args.only in (None, "speed"):
         fig["emulator_read"] = emulator_read()
         fig["build_blocks"] = build_only(blocks, args.requests or 10**9)
+    if args.only in (None, "memory"):
+        fig["memory"] = memory(blocks)
     with sink() as url:
         if args.only in (None, "speed"):
             fig["blocks"] = side_by_side(url, blocks, args.requests, 1500, args.seconds, "blocks")
@@ -709,12 +788,29 @@ def main(argv: list[str]) -> dict[str, Any]:
             fig["sigterm"] = sigterm(url, blocks, args.sigterm_runs)
         if args.only in (None, "workers"):
             fig["workers"] = workers(url, blocks, args.workers_requests, args.workers_repeat)
+        if args.only == "corpus":
+            fig["corpus"] = corpus(url, blocks)
     print(render(fig))
     return fig
 
 
 def render(fig: dict[str, Any]) -> str:
     lines = []
+    for cap, m in fig.get("memory", {}).items():
+        lines.append(
+            f"whole corpus built, prompt cache {cap} MB: peak RSS {m['maxrss_mb']} MB, "
+            f"cache peak {m['cache_peak_mb']} MB, blocks drawn {m['drawn_blocks']} "
+            f"({m['drawn_again']} again), {m['mb_per_cpu_s']} MB per CPU second"
+        )
+    if "corpus" in fig:
+        c = fig["corpus"]
+        st = c["loop_stall_ms"] or {}
+        lines.append(
+            f"corpus at {c['speed']}x, {c['requests']} requests ({c['ok']} ok): lag p99 "
+            f"{c['lag_ms'].get('p99')} / max {c['lag_ms'].get('max')} ms; loop stall p99.9 "
+            f"{st.get('p99_9')} / max {st.get('max')} ms; peak RSS {c['maxrss_mb']} MB "
+            f"in {c['process_wall_s']} s"
+        )
     if "sigterm" in fig:
         st = fig["sigterm"]
         lines.append(

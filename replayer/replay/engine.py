@@ -470,6 +470,8 @@ class Replay:
                 run.pool.close()
                 if run.bodies is not None:
                     run.bodies.close()
+                with shared:  # (a bodies thread may still be in a build)
+                    run.builder.close()
             await asyncio.gather(*(self._conclude(run) for run in self.runs.values()))
             if self.metrics is not None:
                 self.metrics.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,7 +55,7 @@ from replayer.trace.schema import (
     SCHEMA,
     Kind,
 )
-from replayer.trace.tokens import BlockPrompts, TokenSpace
+from replayer.trace.tokens import BlockPrompts, PromptKey, TokenSpace
 
 if TYPE_CHECKING:
     from replayer.trace.writer import RequestRecord
@@ -421,12 +423,19 @@ class Trace:
 
     @_guarded
     def content(
-        self, row: int, live: dict[int, Any] | None = None, cell: _Cell | None = None
+        self,
+        row: int,
+        live: dict[int, Any] | None = None,
+        cell: _Cell | None = None,
+        *,
+        compact: bool = False,
     ) -> Any:
         """The full content of a row (messages as JSON texts, prompt, or block ids).
 
         ``live`` maps rows to already-built contents and ``cell`` reads a
-        content cell (both supplied by sequential iteration)."""
+        content cell (both supplied by sequential iteration). ``compact``:
+        block ids as an int64 ``array`` (8 bytes an id, not a list's 40: the
+        body builder holds hundreds of sessions' contexts)."""
         cell = cell or self._cell
         kind = Kind(self.column("kind")[row])
         if kind is Kind.RAW:
@@ -453,7 +462,7 @@ class Trace:
                 raise corrupt(self.path, self._where(row), "delta chain broken (keep without base)")
         if kind is Kind.TEXT:
             return prefix + "".join(reversed(pieces))
-        out = list(prefix)
+        out = array("q", prefix) if compact and kind is Kind.BLOCKS else list(prefix)
         for p in reversed(pieces):
             out.extend(p)
         return out
@@ -657,6 +666,53 @@ class Trace:
             c("block_ns")[row],
         )
 
+    def prompt_keys(self, rows: Iterable[int]) -> dict[int, PromptKey]:
+        """The prompt-cache key each blocks row of ``rows`` is built under
+        (none for a prompt without a whole block): a replay's planned builds
+        per key let the cache keep what is built again soonest, and drop a
+        finished session's prompts at its last turn.
+
+        Decodes only the batches that hold blocks rows, for their appended
+        ids' first and count (nothing is kept): a row's first id is its
+        base's when it keeps some of the base, else its own first."""
+        kinds = self.column("kind")
+        want = [r for r in rows if kinds[r] == Kind.BLOCKS]
+        if not want:
+            return {}
+        base, keep = self.column("base"), self.column("keep")
+        first: list[int | None] = [None] * self._num_rows
+        length = [0] * self._num_rows
+        top = max(want)
+        for k, start in enumerate(self._batch_starts):
+            if start > top:
+                break
+            end = start + self._batch_lengths[k]
+            if not any(kinds[r] == Kind.BLOCKS for r in range(start, end)):
+                continue
+            col = self._decode(k).column("blocks")
+            offs = col.offsets.to_numpy()
+            own = col.values.to_numpy()[np.minimum(offs[:-1], max(len(col.values) - 1, 0))]
+            counts = np.diff(offs).tolist()
+            heads = own.tolist() if len(col.values) else [0] * len(counts)
+            for i, n in enumerate(counts):
+                r = start + i
+                b = base[r]
+                kept = min(keep[r], length[b]) if b is not None else 0
+                length[r] = kept + n
+                first[r] = first[b] if kept else (heads[i] if n else None)
+        pa.default_memory_pool().release_unused()  # the decoded batches' pages (~30 MB here)
+        size, ns, ntok = (
+            self.column("block_size"),
+            self.column("block_ns"),
+            self.column("input_tokens"),
+        )
+        out: dict[int, PromptKey] = {}
+        for r in want:
+            f = first[r]
+            if f is not None and min(length[r], ntok[r] // size[r]) >= 1:
+                out[r] = (ns[r], size[r], f)
+        return out
+
     def builder(self, rows: Iterable[int]) -> BodyBuilder:
         """A :class:`BodyBuilder` for a replay of ``rows``."""
         return BodyBuilder(self, rows)
@@ -680,6 +736,23 @@ class Trace:
 _MARK = b"\x00prompt\x00"
 """Where a blocks body's token ids go: a NUL never appears in orjson's output
 (it escapes control characters), so the mark is found exactly once."""
+
+
+def _id_arrays(col: pa.ListArray) -> list[array[int] | None]:
+    """A batch's block-id cells as int64 arrays: held until their rows are
+    built, as Python lists they cost ~90 MB for the kv-cache-tester corpus."""
+    offs = col.offsets.to_numpy().tolist()
+    raw = col.values.to_numpy().astype("=i8", copy=False).tobytes()
+    valid = col.is_valid().to_pylist()
+    out: list[array[int] | None] = []
+    for i, ok in enumerate(valid):
+        if ok:
+            ids = array("q")
+            ids.frombytes(raw[8 * offs[i] : 8 * offs[i + 1]])
+            out.append(ids)
+        else:
+            out.append(None)
+    return out
 
 
 def _to_list(col: pa.ChunkedArray) -> list[Any]:
@@ -732,7 +805,10 @@ class _Pass:
         self.decoded.add(k)
         batch = self.trace._decode(k)
         start = self.trace._batch_starts[k]
-        cols = [batch.column(n).to_pylist() for n in _CONTENT]
+        cols = [
+            _id_arrays(batch.column(n)) if n == "blocks" else batch.column(n).to_pylist()
+            for n in _CONTENT
+        ]
         for i in range(batch.num_rows):
             if start + i in self.planned:
                 self.held[start + i] = tuple(c[i] for c in cols)
@@ -766,6 +842,10 @@ class BodyBuilder:
         self._live: dict[str, tuple[int, Any]] = {}
         self._sess = sess
         self._kinds = trace.column("kind")
+        self._prompts = trace._prompts
+        at = {r: i for i, r in enumerate(plan)}  # a row planned twice: its last place
+        self._keys = {r: (k, at[r]) for r, k in trace.prompt_keys(at).items()}
+        self._prompts.expect(self._keys.values())
 
     def content(self, row: int) -> Any:
         """The row's content (see :meth:`Trace.content`)."""
@@ -774,7 +854,7 @@ class BodyBuilder:
         s = self._sess[row]
         held = self._live.get(s)
         live = {held[0]: held[1]} if held is not None else None
-        content = self.trace.content(row, live, self._pass.cell)
+        content = self.trace.content(row, live, self._pass.cell, compact=True)
         if self._last.get(s) == row:
             self._live.pop(s, None)
         else:
@@ -787,7 +867,16 @@ class BodyBuilder:
             content = self.content(row)
         body = self.trace.body_json(row, patch, _content=content, _cell=self._pass.cell)
         self._pass.consume(row)
+        planned = self._keys.pop(row, None)
+        if planned is not None:
+            self._prompts.built(*planned)
         return body
+
+    def close(self) -> None:
+        """Take back the planned builds that did not happen (a replay that
+        stopped early), so those prompts age out like any others."""
+        self._prompts.expect(self._keys.values(), -1)
+        self._keys.clear()
 
 
 def _check_format(p: Path, schema: pa.Schema) -> int:

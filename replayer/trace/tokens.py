@@ -23,11 +23,12 @@ digits long, which lets the writer size a body without generating it.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 import struct
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,65 +153,199 @@ class _Prompt:
     """A recently built prompt: its whole blocks' ids (int64 bytes, for a
     memcmp common-prefix search), the bytes it was built into (a whole
     request body, the array at ``base``), and where each whole block's text
-    ends, counted from the array's ``[``."""
+    ends, counted from the array's ``[`` (int64: a Python list of them cost
+    five times the bytes, ~50 MB over a full prompt cache)."""
 
     ids: bytes
     text: bytes
-    ends: list[int]
+    ends: npt.NDArray[np.int64]
     base: int = 0
 
+    @property
+    def size(self) -> int:
+        return len(self.text) + len(self.ids) + self.ends.nbytes
 
-class _LRU:
-    """An LRU of byte strings bounded by their total size."""
+
+PromptKey = tuple[str | None, int, int]
+"""What a prompt is filed under: (namespace, block size, first block id)."""
+
+
+class _PromptCache:
+    """The prompts kept for reuse, found by key, bounded by their bytes.
+
+    A replay knows its schedule, so a planned key (:meth:`expect`) leaves in
+    the order an optimal cache would choose: the key whose next planned
+    build is farthest goes first (its oldest prompt first), and a key with
+    no planned build left goes at once. When more sessions are live than
+    the bound holds, an LRU drops each session's prompt shortly before its
+    next turn (they come round in a cycle); this keeps a fixed part of them
+    (the kv-cache-tester corpus at a 384 MB bound: 1.13M blocks drawn again
+    instead of 1.42M). Prompts of keys nobody planned (a trace read in
+    order) leave first, oldest first."""
 
     def __init__(self, cap_bytes: int) -> None:
         self.cap = cap_bytes
         self.size = 0
-        self.items: OrderedDict[object, tuple[int, object]] = OrderedDict()
+        self._filed: OrderedDict[int, tuple[PromptKey, _Prompt]] = OrderedDict()
+        self._by_key: dict[PromptKey, list[int]] = {}  # newest first
+        self._pending: dict[PromptKey, list[int]] = {}  # planned positions, descending
+        self._heap: list[tuple[int, int, PromptKey]] = []  # (-next position, tie, key)
+        self._unplanned: OrderedDict[int, None] = OrderedDict()
+        self._serial = 0
 
-    def get(self, key: object) -> object | None:
-        hit = self.items.get(key)
-        if hit is None:
-            return None
-        self.items.move_to_end(key)
-        return hit[1]
+    def __len__(self) -> int:
+        return len(self._filed)
 
-    def put(self, key: object, value: object, size: int) -> None:
-        old = self.items.pop(key, None)
-        if old is not None:
-            self.size -= old[0]
-        if size > self.cap:
+    def candidates(self, key: PromptKey) -> list[tuple[int, _Prompt]]:
+        return [(s, self._filed[s][1]) for s in self._by_key.get(key, ())]
+
+    def put(self, key: PromptKey, prompt: _Prompt, *, used: int | None, replace: bool) -> None:
+        """File ``prompt``; ``used`` is the candidate it was built from,
+        dropped when ``replace`` (the new prompt extends all of it)."""
+        if replace and used is not None and used in self._filed:
+            self._remove(used)
+        if prompt.size > self.cap:
             return
-        self.items[key] = (size, value)
-        self.size += size
-        while self.size > self.cap:
-            _, (n, _) = self.items.popitem(last=False)
-            self.size -= n
+        self._serial += 1
+        serial = self._serial
+        self._filed[serial] = (key, prompt)
+        self.size += prompt.size
+        keyed = self._by_key.setdefault(key, [])
+        keyed.insert(0, serial)
+        if key in self._pending:
+            self._push(key)
+        else:
+            self._unplanned[serial] = None
+        if len(keyed) > PROMPTS_PER_KEY:
+            self._remove(keyed[-1])
+        for _ in range(len(self._filed)):
+            if self.size <= self.cap:
+                break
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._unplanned:
+            serial, _ = self._unplanned.popitem(last=False)
+            if serial in self._filed and self._filed[serial][0] not in self._pending:
+                self._remove(serial)
+                return
+        heap = self._heap
+        while heap:
+            neg, _, key = heap[0]
+            pending = self._pending.get(key)
+            if key not in self._by_key or not pending or pending[-1] != -neg:
+                heapq.heappop(heap)  # stale: the key moved on, or left
+                continue
+            self._remove(self._by_key[key][-1])
+            return
+        self._remove(next(iter(self._filed)))  # planned keys no longer cached: cannot happen
+
+    def _push(self, key: PromptKey) -> None:
+        self._serial += 1
+        heapq.heappush(self._heap, (-self._pending[key][-1], self._serial, key))
+        if len(self._heap) > 4 * len(self._by_key) + 1024:  # drop the stale entries
+            live = [k for k in self._by_key if k in self._pending]
+            self._heap = [(-self._pending[k][-1], self._serial + i, k) for i, k in enumerate(live)]
+            self._serial += len(live)  # ties stay unique: keys never compare (None vs str)
+            heapq.heapify(self._heap)
+
+    def _remove(self, serial: int) -> None:
+        key, prompt = self._filed.pop(serial)
+        self._unplanned.pop(serial, None)
+        self.size -= prompt.size
+        keyed = self._by_key[key]
+        keyed.remove(serial)
+        if not keyed:
+            del self._by_key[key]
+
+    def drop(self, key: PromptKey) -> None:
+        for serial in list(self._by_key.get(key, ())):
+            self._remove(serial)
+
+    def expect(self, planned: Iterable[tuple[PromptKey, int]], n: int = 1) -> None:
+        """Builds planned at positions of a schedule; ``n = -1`` takes back
+        those that will not happen (a replay that stopped early)."""
+        by_key: dict[PromptKey, list[int]] = {}
+        for key, pos in planned:
+            by_key.setdefault(key, []).append(pos)
+        for key, got in by_key.items():
+            have = self._pending.get(key, [])
+            if n > 0:
+                have = sorted(have + got, reverse=True)
+            else:
+                for pos in got:
+                    self._take(have, pos)
+            if have:
+                self._pending[key] = have
+                if key in self._by_key:
+                    self._push(key)
+            else:
+                self._pending.pop(key, None)
+
+    def built(self, key: PromptKey, pos: int) -> None:
+        """The build planned at ``pos`` happened: after a key's last, its
+        prompts go (nothing planned will extend them)."""
+        have = self._pending.get(key)
+        if have is None:
+            return
+        self._take(have, pos)
+        if have:
+            if key in self._by_key:
+                self._push(key)
+        else:
+            del self._pending[key]
+            self.drop(key)
+
+    @staticmethod
+    def _take(have: list[int], pos: int) -> None:
+        """Remove one ``pos`` from a descending list (the last, as a replay builds in order)."""
+        if have and have[-1] == pos:
+            have.pop()
+            return
+        lo, hi = 0, len(have)
+        while lo < hi:  # bisect on a descending list
+            mid = (lo + hi) // 2
+            if have[mid] > pos:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(have) and have[lo] == pos:
+            del have[lo]
 
 
 PROMPTS_PER_KEY = 4
-"""Recent prompts kept per (namespace, block size, first block): a session and
-the sub-agents that share its start each find their own last turn."""
+"""Prompts kept per key: a session and the sub-agents that share its start
+each find their own last turn."""
 
 
 class BlockPrompts:
     """Builds token-id prompts (as lists or as JSON text) at memory speed.
 
     Agent sessions re-send their whole context each turn, so a prompt is
-    assembled from the text of the most recent prompt it extends (found by a
-    memcmp common-prefix search among prompts with the same first block) and
-    of the blocks it adds, which come from an LRU of block texts or, missed,
-    are drawn in one vectorized batch. The prompts kept are bounded by
-    ``cache_bytes`` (their text, ids and block ends). The bytes are exactly the
-    documented derivation's (tests/trace/test_golden_bodies.py)."""
+    assembled from the text of the longest kept prompt it extends (a memcmp
+    common-prefix search among those with the same first block) and of the
+    blocks it adds, drawn in one vectorized batch. The prompts kept are
+    bounded by ``cache_bytes`` (their text, ids and block ends); a replay
+    tells which it will build again, and when (:meth:`expect`). The bytes
+    are exactly the documented derivation's (tests/trace/test_golden_bodies.py)."""
 
     def __init__(self, space: TokenSpace | None = None, cache_bytes: int = 512 << 20) -> None:
         self.space = space or TokenSpace()
         self.cache_bytes = cache_bytes
         self._digits = _Digits(self.space)
-        self._prompts = _LRU(cache_bytes)
+        self._prompts = _PromptCache(cache_bytes)
         self.stats = {"reused_blocks": 0, "drawn_blocks": 0}
         """Where each full block's text came from (for the bench and --verbose)."""
+
+    def expect(self, planned: Iterable[tuple[PromptKey, int]], n: int = 1) -> None:
+        """Builds planned under keys (see :meth:`Trace.prompt_keys`) at
+        positions of a schedule: the cache keeps what is built again soonest.
+        ``n = -1`` takes back those that will not happen."""
+        self._prompts.expect(planned, n)
+
+    def built(self, key: PromptKey, pos: int) -> None:
+        """The build planned under ``key`` at ``pos`` happened."""
+        self._prompts.built(key, pos)
 
     def tokens(
         self,
@@ -261,32 +396,32 @@ class BlockPrompts:
         full, part = divmod(input_tokens, block_size)
         nfull = min(len(block_ids), full)
         pieces: list[bytes | memoryview] = [prefix, b"["]
-        ends: list[int] = []
+        ends: npt.NDArray[np.int64] = np.empty(0, np.int64)
         whole = block_ids[:nfull]
-        ids, key, cands, best, k = b"", None, [], None, 0
+        ids, key, best, used, k = b"", None, None, None, 0
         if nfull:
             ids = array("q", whole).tobytes()
             key = (ns, block_size, whole[0])
-            recent = self._prompts.get(key)
-            cands = recent if isinstance(recent, list) else []
-            for c in cands:
+            for serial, c in self._prompts.candidates(key):
                 m = _common_blocks(ids, c.ids)
                 if m > k:
-                    k, best = m, c
+                    k, best, used = m, c, serial
             self.stats["reused_blocks"] += k
             self.stats["drawn_blocks"] += nfull - k
             pos = 1
+            parts: list[npt.NDArray[np.int64]] = []
             if best is not None:
-                pos = best.ends[k - 1]
+                pos = int(best.ends[k - 1])
                 pieces.append(memoryview(best.text)[best.base + 1 : best.base + pos])
-                ends = best.ends[:k]
+                parts.append(best.ends[:k])
             if k < nfull:
                 new, new_ends = self._draw_blocks(whole[k:], block_size, ns)
                 if k:
                     pieces.append(b",")
                     pos += 1
                 pieces.append(new)
-                ends += [pos + e for e in new_ends]
+                parts.append(new_ends + pos)
+            ends = np.concatenate(parts)  # a copy: no view keeps an old prompt's array
         rest: list[bytes | memoryview] = []
         if len(block_ids) > full and part:
             raw = hashlib.shake_128(self.space.seed(block_ids[full], block_size, ns)).digest(
@@ -306,18 +441,15 @@ class BlockPrompts:
         pieces += (b"]", suffix)
         out = b"".join(pieces)
         if key is not None:
-            prompt = _Prompt(ids, out, ends, len(prefix))
-            # A prompt that extends an older one replaces it; one that stops
-            # short of it (or forks off it) is kept beside it.
-            stale = best if best is not None and 8 * k == len(best.ids) else None
-            kept = [prompt] + [c for c in cands if c is not stale][: PROMPTS_PER_KEY - 1]
-            size = sum(len(c.text) + len(c.ids) + 8 * len(c.ends) for c in kept)
-            self._prompts.put(key, kept, size)
+            # A prompt that extends all of the one it was built from replaces
+            # it; one that stops short of it (or forks off it) is kept beside it.
+            replace = best is not None and 8 * k == len(best.ids)
+            self._prompts.put(key, _Prompt(ids, out, ends, len(prefix)), used=used, replace=replace)
         return out
 
     def _draw_blocks(
         self, block_ids: Sequence[int], block_size: int, ns: str | None
-    ) -> tuple[bytes, list[int]]:
+    ) -> tuple[bytes, npt.NDArray[np.int64]]:
         """The text of whole blocks drawn in one vectorized batch, and where
         each block's text ends (exclusive of the comma after it)."""
         space = self.space
@@ -329,9 +461,9 @@ class BlockPrompts:
         text, lens = self._digits.text(self._offsets(raw))
         if lens is None:
             step = len(text) // len(block_ids)
-            ends = list(range(step - 1, len(text), step))
+            ends = np.arange(step - 1, len(text), step, dtype=np.int64)
         else:
-            ends = (np.cumsum(lens)[block_size - 1 :: block_size] - 1).tolist()
+            ends = np.cumsum(lens, dtype=np.int64)[block_size - 1 :: block_size] - 1
         return text[:-1], ends
 
     def json_len(self, input_tokens: int) -> int | None:

@@ -19,6 +19,7 @@ turns of one session).
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import orjson
 import pytest
@@ -38,6 +39,7 @@ from replayer.trace.synth import SynthOptions, write_trace
 from tests.virtual import FakeHealth, FakeServer, Script
 
 MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
+REPO = Path(__file__).resolve().parents[2]
 
 
 def synth(tmp_path, name="t.arrow", **kw):
@@ -796,3 +798,24 @@ async def test_a_cookie_the_server_sets_is_never_sent_back(tmp_path):
         await server.close()
     assert out.exit_code == 0 and [r["status"] for r in results] == ["ok"] * 4
     assert cookies == [None] * 4
+
+
+async def test_two_targets_share_the_prompt_cache_and_leave_it_empty(tmp_path):
+    """Each target's builder plans its builds: a session's prompts stay until
+    the last target has built its last turn, then leave; a replay that
+    stopped early takes back the builds it will not make."""
+    t = Trace.open(REPO / "traces" / "blocks-16x12.arrow")
+    cache = t._prompts._prompts
+    replay, server, _ = await vreplay(tmp_path, t, targets=("mi355", "b300"))
+    assert len(server.order("http://mi355")) == len(server.order("http://b300")) == len(t)
+    assert t._prompts.stats["reused_blocks"] > 0
+    assert (len(cache), cache._pending) == (0, {})
+
+    fails = Script(ttft=0.010, status=500)
+    stopped = Trace.open(REPO / "traces" / "blocks-16x12.arrow")
+    third = stopped.column("request_id")[list(stopped.order)[len(stopped) // 3]]
+    replay, server, _ = await vreplay(
+        tmp_path, stopped, script=lambda rid: fails if rid == third else Script()
+    )
+    assert replay.runs["e"].failure is not None
+    assert stopped._prompts._prompts._pending == {}

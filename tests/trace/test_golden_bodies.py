@@ -81,3 +81,43 @@ def test_imported_claude_code_sessions_keep_their_bodies(shared_data: Path, tmp_
     assert body_digest(Trace.open(out)) == (
         "e887598974a9036c9125d47a2db7ec470f499f2be2711e8d207b4dcf9ee290ee"
     )
+
+
+@pytest.mark.parametrize("cache", [0, 4_000, 64 << 10, 512 << 20])
+def test_a_replay_s_builder_sends_the_same_bytes_through_any_cache(cache: int) -> None:
+    """The replay's path (a planned builder, block ids held compact, a cache
+    that keeps what is built again soonest) in dispatch order: every body is
+    the derivation's, and nothing is left in the cache once the plan is built."""
+    blocks = Trace.open(REPO / "traces" / "blocks-16x12.arrow")
+    want = dict(blocks.iter_json())
+    blocks.set_body_cache(cache)
+    order = list(blocks.order)
+    builder = blocks.builder(order)
+    assert len(builder._keys) == len(order)  # every row has a whole block
+    for row in order:
+        assert builder.json(row) == want[row], row
+    assert len(blocks._prompts._prompts) == 0
+    assert blocks._prompts._prompts._pending == {}
+
+
+def test_prompt_keys_are_the_keys_bodies_are_built_under() -> None:
+    blocks = Trace.open(REPO / "traces" / "blocks-16x12.arrow")
+    c = blocks.column
+    keys = blocks.prompt_keys(range(len(blocks)))
+    for row in range(len(blocks)):
+        ids = blocks.content(row)
+        whole = min(len(ids), c("input_tokens")[row] // c("block_size")[row])
+        expected = (c("block_ns")[row], c("block_size")[row], ids[0]) if whole else None
+        assert keys.get(row) == expected
+
+
+def test_a_builder_stopped_early_takes_its_plan_back() -> None:
+    blocks = Trace.open(REPO / "traces" / "blocks-16x12.arrow")
+    order = list(blocks.order)
+    builder = blocks.builder(order)
+    for row in order[:20]:
+        builder.json(row)
+    assert blocks._prompts._prompts._pending  # the rest of the plan
+    builder.close()
+    assert blocks._prompts._prompts._pending == {}
+    assert len(blocks._prompts._prompts) > 0  # what was built stays, to age as any

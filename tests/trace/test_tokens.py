@@ -135,3 +135,90 @@ def test_text_approximation():
         approx_message_tokens({"role": "assistant", "content": None, "tool_calls": [call]})
         == 4 + 1 + 2
     )
+
+
+def _session(first: int, n: int = 10) -> list[int]:
+    return [first, *range(first * 100 + 1, first * 100 + n)]
+
+
+def _room_for(prompts: int) -> int:
+    """A cache bound that holds ``prompts`` of :func:`_session`'s shape, not one more."""
+    probe = BlockPrompts()
+    probe.json_bytes(_session(1), 4, 40, "probe")
+    return int((prompts + 0.5) * probe._prompts.size)
+
+
+def test_the_prompt_built_again_soonest_stays_when_sessions_outgrow_the_cache():
+    """A replay's schedule is known: with room for two of three sessions, the
+    one whose next turn is farthest leaves, not the least recent (which an
+    LRU would drop, just before its next turn)."""
+    bp = BlockPrompts(cache_bytes=_room_for(2))
+    key = {s: (None, 4, s) for s in (1, 2, 3)}
+    plan = [1, 2, 3, 1, 3, 2]  # sessions by position
+    bp.expect((key[s], pos) for pos, s in enumerate(plan))
+    for pos, s in enumerate(plan):
+        before = bp.stats["reused_blocks"]
+        bp.json_bytes(_session(s, 10 + pos), 4, 4 * (10 + pos), f"r{pos}")
+        bp.built(key[s], pos)
+        reused = bp.stats["reused_blocks"] - before
+        # 0, 1, 2: first turns. 3: session 1 kept (session 2, next at 5, left);
+        # 4: session 3 kept; 5: session 2 was dropped, drawn again
+        assert reused == [0, 0, 0, 10, 12, 0][pos], pos
+    assert len(bp._prompts) == 0  # every planned build done: nothing is kept
+
+
+def test_a_finished_session_s_prompts_leave_at_its_last_turn():
+    bp = BlockPrompts()
+    a, b = (None, 4, 1), ("ns", 4, 2)
+    bp.expect([(a, 0), (b, 1), (a, 2)])
+    bp.json_bytes(_session(1), 4, 40, "r0")
+    bp.built(a, 0)
+    bp.json_bytes(_session(2), 4, 40, "r1", "ns")
+    bp.built(b, 1)
+    assert len(bp._prompts) == 1  # b had one planned build
+    bp.json_bytes(_session(1, 12), 4, 48, "r2")
+    assert bp.stats["reused_blocks"] == 10
+    bp.built(a, 2)
+    assert len(bp._prompts) == 0
+
+
+def test_builds_taken_back_leave_their_prompts_to_age_like_any():
+    bp = BlockPrompts(cache_bytes=_room_for(1))
+    a, b = (None, 4, 1), (None, 4, 2)
+    bp.expect([(a, 0), (a, 5)])
+    bp.json_bytes(_session(1), 4, 40, "r0")
+    bp.built(a, 0)
+    bp.expect([(a, 5)], -1)  # the replay stopped before position 5
+    assert bp._prompts._pending == {}
+    bp.json_bytes(_session(1), 4, 40, "again")
+    assert bp.stats["reused_blocks"] == 10  # still kept, now unplanned
+    bp.json_bytes(_session(2), 4, 40, "other")  # room for one: the oldest unplanned leaves
+    assert [k for k, _ in bp._prompts._filed.values()] == [b]
+
+
+def test_unplanned_prompts_leave_before_planned_ones():
+    bp = BlockPrompts(cache_bytes=_room_for(2))
+    planned, late = (None, 4, 1), (None, 4, 3)
+    bp.expect([(planned, 0), (planned, 99)])
+    bp.json_bytes(_session(1), 4, 40, "r0")
+    bp.built(planned, 0)
+    bp.json_bytes(_session(2), 4, 40, "loose")
+    bp.json_bytes(_session(3), 4, 40, "late")
+    # the planned prompt is the oldest and its next build the farthest; it stays
+    assert sorted(k for k, _ in bp._prompts._filed.values()) == [planned, late]
+
+
+def test_a_fork_ages_out_while_its_session_goes_on():
+    """A prompt a later turn was cut short of (a compaction) stays beside the
+    new one, but building from it does not make it recent: it leaves first."""
+    bp = BlockPrompts(cache_bytes=_room_for(3))
+
+    def kept() -> list[int]:
+        return [len(p.ids) // 8 for _, p in bp._prompts._filed.values()]
+
+    bp.json_bytes(_session(1, 20), 4, 80, "long")
+    bp.json_bytes(_session(1, 10), 4, 40, "cut")  # a prefix of the long one
+    assert kept() == [20, 10]
+    bp.json_bytes(_session(1, 12), 4, 48, "next")  # built from the long one
+    assert bp.stats["reused_blocks"] == 10 + 12
+    assert kept() == [10, 12]  # no room for all three: the long one, filed first, left
