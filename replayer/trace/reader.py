@@ -845,7 +845,10 @@ class BodyBuilder:
         self._prompts = trace._prompts
         at = {r: i for i, r in enumerate(plan)}  # a row planned twice: its last place
         self._keys = {r: (k, at[r]) for r, k in trace.prompt_keys(at).items()}
-        self._prompts.expect(self._keys.values())
+        owners: dict[PromptKey, set[str]] = {}
+        for r, (k, _) in self._keys.items():
+            owners.setdefault(k, set()).add(sess[r])
+        self._prompts.expect(self._keys.values(), sessions={k: len(v) for k, v in owners.items()})
 
     def content(self, row: int) -> Any:
         """The row's content (see :meth:`Trace.content`)."""

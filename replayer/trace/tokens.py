@@ -191,6 +191,7 @@ class _PromptCache:
         self._pending: dict[PromptKey, list[int]] = {}  # planned positions, descending
         self._heap: list[tuple[int, int, PromptKey]] = []  # (-next position, tie, key)
         self._unplanned: OrderedDict[int, None] = OrderedDict()
+        self._width: dict[PromptKey, int] = {}  # prompts kept per planned key
         self._serial = 0
 
     def __len__(self) -> int:
@@ -216,7 +217,7 @@ class _PromptCache:
             self._push(key)
         else:
             self._unplanned[serial] = None
-        if len(keyed) > PROMPTS_PER_KEY:
+        if len(keyed) > self._width.get(key, PROMPTS_PER_KEY):
             self._remove(keyed[-1])
         for _ in range(len(self._filed)):
             if self.size <= self.cap:
@@ -262,9 +263,17 @@ class _PromptCache:
         for serial in list(self._by_key.get(key, ())):
             self._remove(serial)
 
-    def expect(self, planned: Iterable[tuple[PromptKey, int]], n: int = 1) -> None:
+    def expect(
+        self,
+        planned: Iterable[tuple[PromptKey, int]],
+        n: int = 1,
+        sessions: Mapping[PromptKey, int] | None = None,
+    ) -> None:
         """Builds planned at positions of a schedule; ``n = -1`` takes back
-        those that will not happen (a replay that stopped early)."""
+        those that will not happen (a replay that stopped early).
+        ``sessions``: how many sessions build under each key; a key only one
+        session builds under keeps one prompt, its latest (a compaction's
+        cut-short fork off an older one would never be extended again)."""
         by_key: dict[PromptKey, list[int]] = {}
         for key, pos in planned:
             by_key.setdefault(key, []).append(pos)
@@ -272,6 +281,9 @@ class _PromptCache:
             have = self._pending.get(key, [])
             if n > 0:
                 have = sorted(have + got, reverse=True)
+                if sessions is not None:
+                    width = min(PROMPTS_PER_KEY, max(1, sessions.get(key, PROMPTS_PER_KEY)))
+                    self._width[key] = max(width, self._width.get(key, 0))
             else:
                 for pos in got:
                     self._take(have, pos)
@@ -281,6 +293,7 @@ class _PromptCache:
                     self._push(key)
             else:
                 self._pending.pop(key, None)
+                self._width.pop(key, None)
 
     def built(self, key: PromptKey, pos: int) -> None:
         """The build planned at ``pos`` happened: after a key's last, its
@@ -294,6 +307,7 @@ class _PromptCache:
                 self._push(key)
         else:
             del self._pending[key]
+            self._width.pop(key, None)
             self.drop(key)
 
     @staticmethod
@@ -337,11 +351,17 @@ class BlockPrompts:
         self.stats = {"reused_blocks": 0, "drawn_blocks": 0}
         """Where each full block's text came from (for the bench and --verbose)."""
 
-    def expect(self, planned: Iterable[tuple[PromptKey, int]], n: int = 1) -> None:
+    def expect(
+        self,
+        planned: Iterable[tuple[PromptKey, int]],
+        n: int = 1,
+        sessions: Mapping[PromptKey, int] | None = None,
+    ) -> None:
         """Builds planned under keys (see :meth:`Trace.prompt_keys`) at
-        positions of a schedule: the cache keeps what is built again soonest.
-        ``n = -1`` takes back those that will not happen."""
-        self._prompts.expect(planned, n)
+        positions of a schedule, and how many sessions build under each key:
+        the cache keeps what is built again soonest. ``n = -1`` takes back
+        those that will not happen."""
+        self._prompts.expect(planned, n, sessions)
 
     def built(self, key: PromptKey, pos: int) -> None:
         """The build planned under ``key`` at ``pos`` happened."""

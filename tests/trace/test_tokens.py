@@ -222,3 +222,16 @@ def test_a_fork_ages_out_while_its_session_goes_on():
     bp.json_bytes(_session(1, 12), 4, 48, "next")  # built from the long one
     assert bp.stats["reused_blocks"] == 10 + 12
     assert kept() == [10, 12]  # no room for all three: the long one, filed first, left
+
+
+@pytest.mark.parametrize("sessions,kept", [(1, [12]), (2, [10, 12])])
+def test_a_key_keeps_one_prompt_for_each_session_that_builds_under_it(sessions, kept):
+    """A session's compaction leaves a cut-short prompt; when the session is
+    the key's only builder, the longer one it was cut from leaves at once."""
+    bp = BlockPrompts()
+    key = (None, 4, 1)
+    bp.expect([(key, 0), (key, 1), (key, 2), (key, 9)], sessions={key: sessions})
+    for pos, n in enumerate((20, 10, 12)):
+        bp.json_bytes(_session(1, n), 4, 4 * n, f"r{pos}")
+        bp.built(key, pos)
+    assert [len(p.ids) // 8 for _, p in bp._prompts._filed.values()] == kept
