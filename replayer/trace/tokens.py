@@ -179,9 +179,9 @@ class _PromptCache:
     no planned build left goes at once. When more sessions are live than
     the bound holds, an LRU drops each session's prompt shortly before its
     next turn (they come round in a cycle); this keeps a fixed part of them
-    (the kv-cache-tester corpus at a 384 MB bound: 1.13M blocks drawn again
-    instead of 1.42M). Prompts of keys nobody planned (a trace read in
-    order) leave first, oldest first."""
+    (the kv-cache-tester corpus at a 384 MB bound, four prompts a key: 1.13M
+    blocks drawn again instead of an LRU's 1.42M). Prompts of keys nobody
+    planned (a trace read in order) leave first, oldest first."""
 
     def __init__(self, cap_bytes: int) -> None:
         self.cap = cap_bytes
