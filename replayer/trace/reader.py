@@ -34,7 +34,6 @@ from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -689,17 +688,11 @@ class Trace:
             end = start + self._batch_lengths[k]
             if not any(kinds[r] == Kind.BLOCKS for r in range(start, end)):
                 continue
-            col = self._decode(k).column("blocks")
-            offs = col.offsets.to_numpy()
-            own = col.values.to_numpy()[np.minimum(offs[:-1], max(len(col.values) - 1, 0))]
-            counts = np.diff(offs).tolist()
-            heads = own.tolist() if len(col.values) else [0] * len(counts)
-            for i, n in enumerate(counts):
-                r = start + i
+            for r, ids in enumerate(_id_arrays(self._decode(k).column("blocks")), start):
                 b = base[r]
                 kept = min(keep[r], length[b]) if b is not None else 0
-                length[r] = kept + n
-                first[r] = first[b] if kept else (heads[i] if n else None)
+                length[r] = kept + len(ids or ())
+                first[r] = first[b] if kept else (ids[0] if ids else None)
         pa.default_memory_pool().release_unused()  # the decoded batches' pages (~30 MB here)
         size, ns, ntok = (
             self.column("block_size"),

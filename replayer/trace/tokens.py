@@ -22,9 +22,11 @@ digits long, which lets the writer size a body without generating it.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import math
+import operator
 import struct
 from array import array
 from collections import OrderedDict
@@ -316,15 +318,9 @@ class _PromptCache:
         if have and have[-1] == pos:
             have.pop()
             return
-        lo, hi = 0, len(have)
-        while lo < hi:  # bisect on a descending list
-            mid = (lo + hi) // 2
-            if have[mid] > pos:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < len(have) and have[lo] == pos:
-            del have[lo]
+        i = bisect.bisect_left(have, -pos, key=operator.neg)
+        if i < len(have) and have[i] == pos:
+            del have[i]
 
 
 PROMPTS_PER_KEY = 4
