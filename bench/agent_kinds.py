@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from replayer.options.trace import SynthApi
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
 from replayer.trace.synth import APIS, SynthOptions, write_trace
@@ -67,7 +68,7 @@ def real_text(tmp: Path) -> dict[str, Any] | None:
 
 
 def measure(api: str, tmp: Path) -> dict[str, Any]:
-    o = SynthOptions(sessions=1, turns=200, context=100_000, api=api, seed=1)
+    o = SynthOptions(sessions=1, turns=200, context=100_000, api=SynthApi(api), seed=1)
     path = tmp / f"{api}.arrow"
     t0 = time.perf_counter()
     write_trace(path, o)

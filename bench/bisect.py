@@ -44,27 +44,20 @@ def _port() -> int:
 
 async def _bisect(trace_path: Path, out: Path, launch: str, opts: Any, timing: str) -> Any:
     from replayer.bisect.pipeline import Bisect, run_bisect
-    from replayer.bisect.trial import TrialEnv
-    from replayer.monitor.watch import WatchConfig
-    from replayer.replay.plan import select
-    from replayer.replay.policy import ReplayPolicy, Timing
-    from replayer.target.base import ResetMode
-    from replayer.target.factory import make_target
-    from replayer.trace.reader import Trace
+    from replayer.options import ReplayPolicy, Server, Timing, WatchConfig
+    from replayer.session import Session
 
-    trace = Trace.open(trace_path)
-    rows = select(trace)
-    target = make_target(launch=launch, log_path=out / "server.log", model=MODEL)
     watch = WatchConfig(
         health_interval=0.1, scrape_interval=5.0, stall_timeout=10.0, settle=3.0, grace=0.5
     )
-    env = TrialEnv(
-        trace=trace,
+    env = Session.open(
+        trace_path,
         policy=ReplayPolicy(timing=Timing(timing)),
-        target=target,
         watch=watch,
-        reset=ResetMode.RESTART,
+        server=Server(launch=launch),
+        logs=out,
     )
+    trace, rows = env.trace, env.rows
     b = Bisect(trace, rows, env, out, opts, say=lambda m: None)
     t0 = time.monotonic()
     res = await run_bisect(b)

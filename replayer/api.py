@@ -1,11 +1,16 @@
-"""The library entry points: replay, check and bisect a trace from Python.
+"""The one front door: every verb of replayer as a function of typed options.
+
+The command line, ``replayer demo`` and the job service only parse, call
+one of these, and print; so a job typed in a shell, submitted to the
+service or scripted from Python runs the same code with the same defaults.
+Each verb builds a :class:`~replayer.session.Session` (the trace, its
+selection, the policy, the servers, the chase) once and runs over it.
 
 Everything here returns typed results and raises only
 :class:`~replayer.errors.ReplayerError` subclasses, worded in parameter
 names; a crashing server is a *result* (``result.failed``), never an
 exception. Each coroutine has a ``*_sync`` twin for scripts without an event
-loop. The CLI's ``replay``, ``check`` and ``bisect`` are thin layers over
-these functions.
+loop.
 
 These live in ``replayer.api`` (``from replayer import api``) rather than as
 ``replayer.replay()``: ``replayer.replay`` is the replay *package*, and a
@@ -15,29 +20,42 @@ function of that name would shadow it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as _dt
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from replayer.bisect.oracle import Outcome
-from replayer.bisect.pipeline import BisectOptions
-from replayer.bisect.runner import FunctionRunner, Observation, Runner, Trial
 from replayer.errors import OptionError, UsageError
 from replayer.monitor.classify import FailureClass
 from replayer.monitor.signature import Signature
-from replayer.monitor.watch import WatchConfig
-from replayer.options import Selection, reset_mode
-from replayer.replay.client import Endpoint
-from replayer.replay.policy import ReplayPolicy
+from replayer.options import (
+    BisectOptions,
+    CompareOptions,
+    Convention,
+    MetricsOptions,
+    RecordOptions,
+    ReplayPolicy,
+    Selection,
+    ServeOptions,
+    Server,
+    SynthOptions,
+    WatchConfig,
+)
+from replayer.options.server import Endpoint
+from replayer.session import Chase, NotExercised, Outcome, Session, open_trace, reap_orphan
+from replayer.session.verdict import TrialResult
 from replayer.trace.reader import Trace
 
 if TYPE_CHECKING:
     from replayer.bisect.pipeline import BisectResult
+    from replayer.bisect.runner import Observation, Runner, Trial
+    from replayer.bisect.vary import VaryPlan
     from replayer.replay.run import RunOutcome
-    from replayer.target.base import ServerTarget
     from replayer.telemetry import LiveMetrics
 
 __all__ = [
@@ -47,6 +65,7 @@ __all__ = [
     "EndpointResult",
     "FailureInfo",
     "OracleFunction",
+    "RateResult",
     "ReplayResult",
     "RunPaths",
     "RunStatus",
@@ -55,9 +74,28 @@ __all__ = [
     "bisect_sync",
     "check",
     "check_sync",
+    "compare",
+    "convert",
+    "emulate",
+    "export",
+    "import_trace",
+    "inspect",
+    "merge",
     "open_trace",
+    "record",
     "replay",
     "replay_sync",
+    "report",
+    "serve",
+    "soak",
+    "soak_sync",
+    "sweep",
+    "sweep_sync",
+    "synth",
+    "vary",
+    "vary_sync",
+    "verify_bundle",
+    "verify_bundle_sync",
 ]
 
 DEFAULT_WATCH = WatchConfig()
@@ -66,10 +104,13 @@ DEFAULT_WATCH = WatchConfig()
 EndpointLike = Endpoint | str
 """An :class:`Endpoint`, or a URL (``http://host:port``; named ``target``)."""
 
+TraceLike = Trace | str | os.PathLike[str]
 
-def open_trace(path: str | os.PathLike[str]) -> Trace:
-    """Open a replayer trace (Arrow IPC) for reading; older versions migrate."""
-    return Trace.open(path)
+Say = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 # -- results ---------------------------------------------------------------------------
@@ -108,9 +149,8 @@ class FailureInfo:
 
     @classmethod
     def from_summary(cls, f: Mapping[str, Any], sig: Signature | None) -> FailureInfo:
-        klass = f.get("class")
         return cls(
-            failure_class=_klass(klass),
+            failure_class=_klass(f.get("class")),
             kind=str(f.get("kind")),
             message=str(f.get("message") or ""),
             at_s=float(f.get("at_s") or 0.0),
@@ -189,6 +229,8 @@ class ReplayResult:
     endpoints: Mapping[str, EndpointResult]
     paths: RunPaths
     unreachable: str | None = None
+    summary: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """The whole ``summary.json``."""
 
     @property
     def failed(self) -> bool:
@@ -198,6 +240,19 @@ class ReplayResult:
     def failure(self) -> FailureInfo | None:
         """The first failed endpoint's failure (most replays have one endpoint)."""
         return next((e.failure for e in self.endpoints.values() if e.failure), None)
+
+    def results(self) -> list[dict[str, Any]]:
+        """Every request's result (``results.arrow``), one dict each, in row order."""
+        from replayer.replay.results import read_results
+
+        return read_results(self.paths.results)
+
+    @property
+    def unexercised(self) -> str | None:
+        """Why the run exercised nothing (most requests rejected), or None."""
+        from replayer.replay.summary import unexercised_text
+
+        return unexercised_text(dict(self.summary)) or None
 
 
 def _result(outcome: RunOutcome, signature: Signature | None = None) -> ReplayResult:
@@ -219,137 +274,9 @@ def _result(outcome: RunOutcome, signature: Signature | None = None) -> ReplayRe
             summary=t,
         )
     status = _STATUS_BY_CODE.get(outcome.exit_code, RunStatus.NOT_EXERCISED)
-    return ReplayResult(status, outcome.exit_code, eps, RunPaths(outcome.out), s.get("unreachable"))
-
-
-# -- replay ----------------------------------------------------------------------------
-
-
-def _trace(trace: Trace | str | os.PathLike[str]) -> Trace:
-    return trace if isinstance(trace, Trace) else Trace.open(trace)
-
-
-def _rows(trace: Trace, selection: Selection | None) -> list[int]:
-    from replayer.replay.plan import select
-
-    sel = selection or Selection()
-    rows = select(trace, limit=sel.limit, sessions=sel.sessions, requests=sel.requests)
-    if not rows:
-        raise OptionError("selection", "is empty: nothing to replay")
-    trace.verify(rows)  # nothing is sent before the selection reads
-    return rows
-
-
-def _endpoints(endpoints: EndpointLike | Sequence[EndpointLike]) -> list[Endpoint]:
-    items = [endpoints] if isinstance(endpoints, Endpoint | str) else list(endpoints)
-    if not items:
-        raise OptionError("endpoints", "is empty: give at least one URL or Endpoint")
-    out: list[Endpoint] = []
-    for i, e in enumerate(items):
-        if isinstance(e, str):
-            name = "target" if len(items) == 1 else f"target{i}"
-            e = Endpoint(name=name, url=e.rstrip("/"))
-        if not e.url.startswith(("http://", "https://")):
-            raise OptionError("endpoints", f"{e.url!r}: the URL must start with http(s)://")
-        if any(o.name == e.name for o in out):
-            raise OptionError("endpoints", f"two are named {e.name!r}")
-        out.append(e)
-    return out
-
-
-async def replay(
-    trace: Trace | str | os.PathLike[str],
-    endpoints: EndpointLike | Sequence[EndpointLike],
-    policy: ReplayPolicy | None = None,
-    *,
-    selection: Selection | None = None,
-    out: str | os.PathLike[str] | None = None,
-    watch: WatchConfig | None = DEFAULT_WATCH,
-    force: bool = False,
-    progress: bool = False,
-    live: LiveMetrics | None = None,
-) -> ReplayResult:
-    """Replay ``trace`` against ``endpoints`` side by side, into a run directory.
-
-    ``out`` defaults to ``runs/<timestamp>``; a non-empty one is refused
-    unless ``force``. ``watch=None`` turns the monitor off (no health polls,
-    no hang watchdog, failures unclassified)."""
-    from replayer.replay.run import prepare_out, replay_to_dir
-
-    t = _trace(trace)
-    rows = _rows(t, selection)
-    eps = _endpoints(endpoints)
-    run_dir = prepare_out(Path(out) if out is not None else None, force)
-    outcome = await replay_to_dir(
-        t,
-        rows,
-        policy or ReplayPolicy(),
-        eps,
-        run_dir,
-        command=["replayer.api.replay"],
-        selection=(selection or Selection()).to_dict(),
-        progress=progress,
-        watch=watch,
-        live=live,
+    return ReplayResult(
+        status, outcome.exit_code, eps, RunPaths(outcome.out), s.get("unreachable"), s
     )
-    return _result(outcome)
-
-
-def replay_sync(*args: Any, **kwargs: Any) -> ReplayResult:
-    """:func:`replay` for code without an event loop (same arguments)."""
-    return asyncio.run(replay(*args, **kwargs))
-
-
-# -- one server, restarted: check and bisect -------------------------------------------
-
-
-@dataclass(frozen=True)
-class Server:
-    """A server replayer may start, restart and read the log of.
-
-    Give ``launch`` (a command; replayer starts it in its own process group
-    and keeps its log), or ``restart_cmd`` with ``url`` (someone else runs
-    it), or ``url`` alone (it cannot be restarted: one trial only)."""
-
-    launch: str | Sequence[str] | None = None
-    url: str | None = None
-    restart_cmd: str | None = None
-    log_cmd: str | None = None
-    ready_timeout: float = 1800.0
-    reset: str = "restart"
-    """Between passing trials: ``restart``, ``prefix-cache`` (vLLM dev mode) or ``none``."""
-    api_key: str | None = field(default=None, repr=False)
-    env: Mapping[str, str] | None = field(default=None, repr=False)
-    """Extra environment for a launched server."""
-
-    def __post_init__(self) -> None:
-        if self.launch is None and self.url is None:
-            raise OptionError("server", "needs launch or url")
-        if self.launch is not None and self.restart_cmd is not None:
-            raise OptionError("launch", "and restart_cmd are exclusive: give one")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise OptionError("url", f"{self.url!r}: must start with http:// or https://")
-        if not self.ready_timeout > 0:
-            raise OptionError("ready_timeout", "must be positive")
-        reset_mode(self.reset)
-
-    def target(
-        self, log_path: Path, model: str | None, marks: Mapping[str, str] | None = None
-    ) -> ServerTarget:
-        from replayer.target.factory import make_target
-
-        return make_target(
-            launch=self.launch,
-            restart_cmd=self.restart_cmd,
-            url=self.url,
-            log_cmd=self.log_cmd,
-            log_path=log_path,
-            env=self.env,
-            marks=marks,
-            model=model,
-            api_key=self.api_key,
-            ready_timeout=self.ready_timeout,
-        )
 
 
 @dataclass(frozen=True)
@@ -366,68 +293,444 @@ class CheckResult:
     """None when the server never came up (``INFRA``)."""
     unexercised: str | None = None
     """Most requests were rejected: this run shows nothing either way."""
+    out: Path | None = None
+
+    @classmethod
+    def of(cls, res: TrialResult, out: Path | None = None) -> CheckResult:
+        return cls(
+            outcome=res.outcome,
+            failure_class=_klass(res.failure_class),
+            signature=res.signature,
+            message=res.message,
+            run=_result(res.run, res.signature) if res.run is not None else None,
+            unexercised=res.unexercised,
+            out=out,
+        )
+
+    def exit_code(self, convention: Convention = Convention.BISECT, also: int | None = None) -> int:
+        """``check``'s exit code under ``convention`` (see :mod:`replayer.cli.check`)."""
+        if self.unexercised:
+            # not "no failure": git bisect must not call this commit good, nor a
+            # reducer keep going on a trace the server never ran
+            return 128 if convention is Convention.BISECT else 1
+        o = self.outcome
+        if convention is Convention.BISECT:
+            return {Outcome.PASS: 0, Outcome.MATCH: 1}.get(o, 125)
+        if o is Outcome.MATCH:
+            return 0
+        if o is Outcome.OTHER_FAILURE and also is not None:
+            return also
+        return 1
+
+
+@dataclass(frozen=True)
+class RateResult:
+    """N runs of one selection (``soak``, ``bundle verify``): how often it crashed."""
+
+    runs: tuple[CheckResult, ...]
+    out: Path
+    unexercised: str | None = None
+    """A run exercised nothing: the rest were not run, nothing is counted."""
+    variants: Mapping[str, Any] | None = None
+    """``--vary``'s report (``bundle verify``), the runs above its control row."""
+
+    @property
+    def counted(self) -> list[CheckResult]:
+        """The runs that reached a verdict (the server came up)."""
+        return [r for r in self.runs if r.outcome is not Outcome.INFRA]
+
+    @property
+    def matched(self) -> int:
+        return sum(r.outcome is Outcome.MATCH for r in self.counted)
+
+    @property
+    def crashed(self) -> list[CheckResult]:
+        return [r for r in self.counted if r.outcome in (Outcome.MATCH, Outcome.OTHER_FAILURE)]
+
+    @property
+    def other(self) -> int:
+        return sum(r.outcome is Outcome.OTHER_FAILURE for r in self.counted)
+
+    @property
+    def infra(self) -> int:
+        return len(self.runs) - len(self.counted)
+
+
+# -- shared pieces ----------------------------------------------------------------------
+
+
+def _endpoints(endpoints: EndpointLike | Sequence[EndpointLike]) -> list[Endpoint]:
+    items = [endpoints] if isinstance(endpoints, Endpoint | str) else list(endpoints)
+    if not items:
+        raise OptionError("endpoints", "is empty: give at least one URL or Endpoint")
+    out: list[Endpoint] = []
+    for i, e in enumerate(items):
+        if isinstance(e, str):
+            name = "target" if len(items) == 1 else f"target{i}"
+            e = Endpoint(name=name, url=e)
+        if any(o.name == e.name for o in out):
+            raise OptionError("endpoints", f"two are named {e.name!r}")
+        out.append(e)
+    return out
+
+
+def _watch(watch: WatchConfig | None, verb: str) -> WatchConfig:
+    if watch is None or not watch.enabled:
+        raise UsageError(
+            f"{verb} classifies every run: it needs the monitor (watch=None and --no-monitor "
+            "turn it off)"
+        )
+    return watch
+
+
+def _run_dir(out: str | os.PathLike[str] | None, force: bool) -> Path:
+    from replayer.replay.run import prepare_out
+
+    return prepare_out(Path(out) if out is not None else None, force)
+
+
+def _new_dir(d: Path) -> Path:
+    """``d``, made, new or empty."""
+    if d.exists() and any(d.iterdir()):
+        raise UsageError(f"{d} exists and is not empty: pick another out")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _stamped(base: Path, prefix: str) -> Path:
+    return base / f"{prefix}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+
+
+@contextlib.contextmanager
+def _metrics(
+    metrics: MetricsOptions | None, live: LiveMetrics | None, say: Say
+) -> Iterator[LiveMetrics | None]:
+    """``live``, or the live metrics ``metrics`` asks to serve (stopped after)."""
+    if metrics is None or metrics.metrics_port is None or live is not None:
+        yield live
+        return
+    from replayer.telemetry import LiveMetrics
+
+    mine = LiveMetrics()
+    try:
+        server = mine.serve(metrics.metrics_port, metrics.metrics_host)
+    except OSError as exc:
+        raise OptionError(
+            "metrics_port",
+            f"cannot serve metrics on {metrics.metrics_host}:{metrics.metrics_port}: "
+            f"{exc.strerror}",
+        ) from None
+    say(f"replayer: metrics on {server.url}")
+    try:
+        yield mine
+    finally:
+        server.close()
+
+
+# -- replay ----------------------------------------------------------------------------
+
+
+async def replay(
+    trace: TraceLike,
+    endpoints: EndpointLike | Sequence[EndpointLike] | None = None,
+    policy: ReplayPolicy | None = None,
+    *,
+    server: Server | None = None,
+    selection: Selection | None = None,
+    out: str | os.PathLike[str] | None = None,
+    watch: WatchConfig | None = DEFAULT_WATCH,
+    force: bool = False,
+    progress: bool = False,
+    live: LiveMetrics | None = None,
+    metrics: MetricsOptions | None = None,
+    command: Sequence[str] | None = None,
+    say: Say = _stderr,
+) -> ReplayResult:
+    """Replay ``trace`` against ``endpoints`` side by side, into a run directory,
+    or against a ``server`` replayer launches, watches, signs and stops.
+
+    ``out`` defaults to ``runs/<timestamp>``; a non-empty one is refused
+    unless ``force``. ``watch=None`` turns the monitor off (no health polls,
+    no hang watchdog, failures unclassified)."""
+    if server is None and endpoints is None:
+        raise OptionError("endpoints", "or server: give one (a server replayer launches)")
+    t = open_trace(trace)
+    cmd = list(command) if command is not None else ["replayer.api.replay"]
+    if server is not None:
+        eps = _endpoints(endpoints) if endpoints is not None else []
+        if len(eps) > 1:
+            raise OptionError("server", "is one launched server: name it with one endpoint at most")
+        name = eps[0].name if eps else "target"
+        if eps:
+            server = replace(server, url=eps[0].url, api_key=server.api_key or eps[0].api_key)
+        return await _replay_launched(
+            t, server, name, policy, selection, out, watch, force, progress, live, metrics, cmd,
+            say,
+        )  # fmt: skip
+    assert endpoints is not None
+    eps = _endpoints(endpoints)
+    session = Session.open(t, selection=selection, policy=policy, watch=watch, endpoints=eps)
+    run_dir = _run_dir(out, force)
+    with _metrics(metrics, live, say) as lm:
+        session.live = lm
+        outcome = await session.replay(run_dir, progress=progress, command=cmd)
+    return _result(outcome)
+
+
+async def _replay_launched(
+    t: Trace,
+    server: Server,
+    name: str,
+    policy: ReplayPolicy | None,
+    selection: Selection | None,
+    out: str | os.PathLike[str] | None,
+    watch: WatchConfig | None,
+    force: bool,
+    progress: bool,
+    live: LiveMetrics | None,
+    metrics: MetricsOptions | None,
+    command: list[str],
+    say: Say,
+) -> ReplayResult:
+    """``--launch``: the one target is a server we start, watch and stop."""
+    import orjson
+
+    if server.launch is None:
+        raise OptionError("server", "of a replay is one replayer launches (give launch)")
+    w = _watch(watch, "a launched replay")
+    run_dir = _run_dir(out, force)
+    session = Session.open(
+        t, selection=selection, policy=policy, watch=w, server=server, logs=run_dir, name=name
+    )
+    with _metrics(metrics, live, say) as lm:
+        session.live = lm
+        async with session:
+            res = await session.trial(run_dir, progress=progress, command=command)
+    if res.run is None:
+        return ReplayResult(
+            RunStatus.UNREACHABLE, 3, {}, RunPaths(run_dir), f"the server did not come up: "
+            f"{res.message}"
+        )  # fmt: skip
+    summary = res.run.summary
+    if res.signature is not None:
+        summary["targets"][name]["failure"]["signature"] = res.signature.to_dict()
+        (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    return _result(res.run, res.signature)
+
+
+def replay_sync(*args: Any, **kwargs: Any) -> ReplayResult:
+    """:func:`replay` for code without an event loop (same arguments)."""
+    return asyncio.run(replay(*args, **kwargs))
+
+
+# -- one server, restarted: check, soak, verify ----------------------------------------
 
 
 async def check(
-    trace: Trace | str | os.PathLike[str],
+    trace: TraceLike,
     server: Server,
     policy: ReplayPolicy | None = None,
     *,
     selection: Selection | None = None,
     out: str | os.PathLike[str] | None = None,
-    watch: WatchConfig = DEFAULT_WATCH,
+    watch: WatchConfig | None = DEFAULT_WATCH,
     signature: str | None = None,
     expect_signature: str | None = None,
     keep_running: bool = False,
     force: bool = False,
     progress: bool = False,
+    command: Sequence[str] | None = None,
 ) -> CheckResult:
     """Start (or reuse) the server, replay, classify: one bisect trial.
 
     The chased failure is any crash, or the crashes whose signature text
     matches the regex ``signature``, or the one with hash ``expect_signature``."""
-    from replayer.bisect.trial import Chase, TrialEnv
-    from replayer.monitor.signature import compile_signature_regex
-    from replayer.replay.run import prepare_out
-
-    if watch is None:
-        raise OptionError("watch", "is required: check classifies failures")
-    t = _trace(trace)
-    rows = _rows(t, selection)
-    pol = policy or ReplayPolicy()
-    run_dir = prepare_out(Path(out) if out is not None else None, force)
-    target = server.target(run_dir / "server.log", t.model_of(rows, pol.model))
-    env = TrialEnv(
-        trace=t,
-        policy=pol,
-        target=target,
-        watch=watch,
-        reset=reset_mode(server.reset),
-        api_key=server.api_key,
-        chase=Chase(
-            regex=compile_signature_regex(signature) if signature else None,
-            signature=expect_signature,
-        ),
+    w = _watch(watch, "check")
+    run_dir = _run_dir(out, force)
+    if keep_running:
+        server = replace(server, keep_running=True)
+    session = Session.open(
+        trace,
+        selection=selection,
+        policy=policy,
+        watch=w,
+        server=server,
+        logs=run_dir,
+        chase=Chase.of(signature, expect_signature),
     )
-    try:
-        res = await env.run(rows, run_dir, progress=progress, command=["replayer.api.check"])
-    finally:
-        if not keep_running:
-            await target.stop()
-    klass = res.failure_class
-    return CheckResult(
-        outcome=res.outcome,
-        failure_class=_klass(klass),
-        signature=res.signature,
-        message=res.message,
-        run=_result(res.run, res.signature) if res.run is not None else None,
-        unexercised=res.unexercised,
-    )
+    async with session:
+        res = await session.trial(
+            run_dir, progress=progress, command=list(command or ["replayer.api.check"])
+        )
+    return CheckResult.of(res, run_dir)
 
 
 def check_sync(*args: Any, **kwargs: Any) -> CheckResult:
     """:func:`check` for code without an event loop (same arguments)."""
     return asyncio.run(check(*args, **kwargs))
+
+
+async def _rate(session: Session, n: int, out: Path, label: str) -> RateResult:
+    try:
+        results = await session.runs(n, out, label=label)
+    except NotExercised as exc:
+        return RateResult((), out, unexercised=str(exc))
+    return RateResult(tuple(CheckResult.of(r, out) for r in results), out)
+
+
+async def soak(
+    trace: TraceLike,
+    server: Server,
+    policy: ReplayPolicy | None = None,
+    *,
+    runs: int = 20,
+    selection: Selection | None = None,
+    out: str | os.PathLike[str] | None = None,
+    watch: WatchConfig | None = DEFAULT_WATCH,
+    say: Say = _stderr,
+) -> RateResult:
+    """Verify a fix: ``runs`` runs of a trace, none of which should crash (the
+    95% upper bound on the crash rate of ``runs`` clean runs is 1 - 0.05^(1/N))."""
+    if runs < 1:
+        raise OptionError("runs", "must be at least 1")
+    w = _watch(watch, "soak")
+    d = _run_dir(out if out is not None else _stamped(Path("runs"), "soak"), False)
+    session = Session.open(
+        trace, selection=selection, policy=policy, watch=w, server=server, logs=d, say=say
+    )
+    return await _rate(session, runs, d, "soak")
+
+
+def soak_sync(*args: Any, **kwargs: Any) -> RateResult:
+    """:func:`soak` for code without an event loop (same arguments)."""
+    return asyncio.run(soak(*args, **kwargs))
+
+
+async def verify_bundle(
+    bundle: str | os.PathLike[str],
+    server: Server,
+    *,
+    runs: int = 10,
+    out: str | os.PathLike[str] | None = None,
+    watch: WatchConfig | None = DEFAULT_WATCH,
+    vary: Sequence[str] = (),
+    vary_runs: int | None = None,
+    say: Say = _stderr,
+) -> RateResult:
+    """Replay a repro bundle ``runs`` times, under exactly the policy its bisect
+    found it with, and count how often its crash (its signature) came back.
+
+    ``vary``: then relaunch the server with each variant (``--vary``) and
+    replay the bundle ``vary_runs`` times on each; the runs above are the
+    control row (written to ``OUT/variants.json``)."""
+    if runs < 1:
+        raise OptionError("runs", "must be at least 1")
+    w = _watch(watch, "bundle verify")
+    plan = _vary_plan(vary, vary_runs, server)
+    session, o = _bundle_session(Path(bundle), server, out, "verify", w, say)
+    got = await _rate(session, runs, o, "run")
+    if plan is None or got.unexercised or not got.counted:
+        return got
+    from replayer.bisect.vary import run_plan, write_report
+
+    report = await run_plan(
+        plan,
+        session.rows,
+        o / "variants",
+        session,
+        policy=session.policy,
+        chase=session.chase,
+        key="bundle",
+        control=(got.matched, len(got.counted), "verify"),
+        say=say,
+    )
+    write_report(o, report)
+    return replace(got, variants=report)
+
+
+def verify_bundle_sync(*args: Any, **kwargs: Any) -> RateResult:
+    """:func:`verify_bundle` for code without an event loop (same arguments)."""
+    return asyncio.run(verify_bundle(*args, **kwargs))
+
+
+def _bundle_session(
+    d: Path,
+    server: Server,
+    out: str | os.PathLike[str] | None,
+    prefix: str,
+    watch: WatchConfig,
+    say: Say,
+) -> tuple[Session, Path]:
+    """A session over a bundle's trace, under exactly the policy its bisect
+    found it with, chasing its crash; and the new directory for its runs."""
+    from replayer.bundle.files import read_manifest
+
+    manifest = read_manifest(d)
+    o = _run_dir(out if out is not None else _stamped(d, prefix), False)
+    session = Session.open(
+        d / "trace.arrow",
+        policy=manifest.policy,
+        watch=watch,
+        server=server,
+        logs=o,
+        chase=manifest.chase(),
+        say=say,
+    )
+    return session, o
+
+
+def _vary_plan(sources: Sequence[str], runs: int | None, server: Server) -> VaryPlan | None:
+    """The variants ``sources`` ask for, applied to the server's launch (None
+    without any): bad files and launches fail here, before any run."""
+    if not sources:
+        if runs is not None and runs != 5:
+            raise OptionError("vary_runs", "needs vary")
+        return None
+    if server.launch is None:
+        raise OptionError(
+            "vary",
+            "relaunches the server with each variant: give launch (a server given by "
+            "url or restart_cmd cannot be changed)",
+        )
+    from replayer.bisect.vary import DEFAULT_RUNS, make_plan
+
+    return make_plan(sources, server.launch, DEFAULT_RUNS if runs is None else runs)
+
+
+async def vary(
+    bundle: str | os.PathLike[str],
+    server: Server,
+    sources: Sequence[str] = ("default",),
+    *,
+    runs: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    watch: WatchConfig | None = DEFAULT_WATCH,
+    say: Say = _stderr,
+) -> Mapping[str, Any]:
+    """What makes a bundle's crash go away: relaunch ``server`` with each
+    variant of ``sources`` (files, ``default`` or ``default:NAME,...``) and
+    replay the bundle ``runs`` times (5) on each, the unmodified launch as
+    the control row. The report is also written to ``OUT/variants.json``."""
+    from replayer.bisect.vary import run_plan, write_report
+
+    w = _watch(watch, "vary")
+    plan = _vary_plan(sources, runs, server)
+    assert plan is not None
+    session, o = _bundle_session(Path(bundle), server, out, "vary", w, say)
+    report = await run_plan(
+        plan, session.rows, o, session, policy=session.policy, chase=session.chase,
+        key="bundle", say=say,
+    )  # fmt: skip
+    write_report(o, report)
+    return report
+
+
+def vary_sync(*args: Any, **kwargs: Any) -> Mapping[str, Any]:
+    """:func:`vary` for code without an event loop (same arguments)."""
+    return asyncio.run(vary(*args, **kwargs))
+
+
+# -- bisect ----------------------------------------------------------------------------
 
 
 def _bisect_dir(d: Path, resume: bool) -> Path:
@@ -440,24 +743,52 @@ def _bisect_dir(d: Path, resume: bool) -> Path:
     return d
 
 
-OracleFunction = Callable[[Trial], Outcome | Observation | Awaitable[Outcome | Observation]]
+OracleFunction = Callable[["Trial"], "Outcome | Observation | Awaitable[Outcome | Observation]"]
 """A plain function (or coroutine function) of one trial: your own oracle."""
 
 
+@dataclass(frozen=True)
+class FromRun:
+    """What a failed run says to chase: its launch and its crash."""
+
+    launch: str | None
+    chase: Chase
+
+
+def from_run(run: str | os.PathLike[str]) -> FromRun:
+    """The launch command and crash signature of a failed run directory."""
+    from replayer.replay.files import read_run
+
+    info = read_run(Path(run))
+    failed = info.failure
+    if failed is None:
+        raise OptionError("from_run", f"{run}: that run did not fail; nothing to chase")
+    if info.signature is not None:
+        chase = Chase.from_signature(info.signature)
+    else:
+        chase = Chase(failure_class=failed.get("class"))
+    return FromRun(info.launch, chase)
+
+
 async def bisect(
-    trace: Trace | str | os.PathLike[str],
-    server: Server | Runner | OracleFunction,
+    trace: TraceLike,
+    server: Server | Runner | OracleFunction | None,
     out: str | os.PathLike[str],
     options: BisectOptions | None = None,
     *,
     policy: ReplayPolicy | None = None,
     selection: Selection | None = None,
-    watch: WatchConfig = DEFAULT_WATCH,
+    watch: WatchConfig | None = DEFAULT_WATCH,
     signature: str | None = None,
     control: Server | Runner | None = None,
+    control_name: str = "control",
     resume: bool = False,
     live: LiveMetrics | None = None,
-    say: Callable[[str], None] | None = None,
+    metrics: MetricsOptions | None = None,
+    say: Say | None = None,
+    vary: Sequence[str] = (),
+    vary_runs: int | None = None,
+    from_run: str | os.PathLike[str] | None = None,
 ) -> BisectResult:
     """Minimize ``trace`` to the smallest set of requests that still crashes.
 
@@ -467,71 +798,349 @@ async def bisect(
     :class:`Trial` returning an :class:`Outcome` or :class:`Observation`
     (a kernel unit test on the trial's bodies, a simulator; no server).
     The chased failure is the first crash, or the ones whose signature text
-    matches the regex ``signature``. ``control`` runs clean
-    (the other platform): the final repro is replayed there too. The bundle
-    goes to ``out/bundle``; ``resume`` continues a stopped bisect in ``out``
-    without repeating a journaled trial."""
+    matches the regex ``signature``. ``control`` runs clean (the other
+    platform): the final repro is replayed there too. ``vary`` relaunches the
+    server with each variant once the repro is confirmed. ``from_run`` starts
+    from a failed run directory: its launch command (when ``server`` is None)
+    and its crash signature. The bundle goes to ``out/bundle``; ``resume``
+    continues a stopped bisect in ``out`` without repeating a journaled trial."""
     from replayer.bisect.pipeline import Bisect, Control, run_bisect
-    from replayer.bisect.trial import OWNER_ENV, Chase, TrialEnv, owner_token, reap_orphan
-    from replayer.monitor.signature import compile_signature_regex
+    from replayer.bisect.runner import FunctionRunner, SessionRunner
+    from replayer.bisect.vary import bisect_hook
 
-    if watch is None:
-        raise OptionError("watch", "is required: bisect classifies every trial")
-    t = _trace(trace)
-    rows = _rows(t, selection)
-    pol = policy or ReplayPolicy()
+    w = _watch(watch, "bisect")
+    chase = Chase.of(signature)
+    if from_run is not None:
+        seed = globals()["from_run"](from_run)
+        if server is None and seed.launch:
+            server = Server(launch=seed.launch)
+        if chase.regex is None:
+            chase = seed.chase
+    if server is None or (isinstance(server, Server) and not server.restartable):
+        raise OptionError(
+            "launch",
+            "or restart_cmd with url is required: bisect restarts the server after every "
+            "crash" + (" (or from_run a run made with launch)" if server is None else ""),
+        )
+    plan = _vary_plan(vary, vary_runs, server) if isinstance(server, Server) else None
+    if plan is None and vary:
+        raise OptionError("vary", "relaunches a server: give a Server with launch")
     d = _bisect_dir(Path(out), resume)
-    model = t.model_of(rows, pol.model)
-    chase = Chase(regex=compile_signature_regex(signature) if signature else None)
-
-    def env_for(s: Server, name: str, log: str, marks: Mapping[str, str] | None) -> TrialEnv:
-        return TrialEnv(
-            trace=t,
-            policy=pol,
-            target=s.target(d / log, model, marks=marks),
-            watch=watch,
-            reset=reset_mode(s.reset),
-            api_key=s.api_key,
-            name=name,
-            chase=chase if name == "target" else Chase(),
-            pidfile=d / "server.pid" if name == "target" else None,
-            live=live,
-        )
-
-    runner: Runner | TrialEnv
-    facts: dict[str, Any] = {}
-    env = None
-    if not isinstance(server, Server):
-        runner = server if hasattr(server, "run") else FunctionRunner(server)
-    else:
-        # launched servers carry this bisect's mark so a resume can reap one a kill orphaned
-        env = runner = env_for(server, "target", "server.log", {OWNER_ENV: owner_token(d)})
-        if resume and reap_orphan(d / "server.pid") and say is not None:
-            say("bisect: stopped the server a killed bisect left running")
-        facts = {"launch": server.launch, "restart_cmd": server.restart_cmd, "url": env.target.url}
-    ctl = None
-    if control is not None:
-        ctl = Control(
-            "control",
-            env_for(control, "control", "control-server.log", None)
-            if isinstance(control, Server)
-            else control,
-        )
-    b = Bisect(
-        t, rows, runner, d, options, control=ctl, policy=pol, chase=chase, facts=facts, say=say
+    say = say or _stderr
+    is_server = isinstance(server, Server)
+    session = Session.open(
+        trace,
+        selection=selection,
+        policy=policy,
+        watch=w,
+        server=server if isinstance(server, Server) else None,
+        control=control if isinstance(control, Server) else None,
+        control_name=control_name,
+        logs=d,
+        chase=chase,
+        say=say,
+        owner=d if is_server else None,
     )
-    if live is not None:
-        live.attach_bisect(b)
-    if env is not None:
-        try:
-            await env.prepare()
-            got = await env.target.facts()
-            facts.update({k: v for k, v in got.to_dict().items() if v})
-        except Exception as exc:  # facts are a courtesy; the trials report real failures
-            facts["facts_error"] = str(exc)[:300]
-    return await run_bisect(b)
+    runner: Runner
+    if isinstance(server, Server):
+        runner = SessionRunner(session)
+        if resume and reap_orphan(d / "server.pid"):
+            say("bisect: stopped the server a killed bisect left running")
+    else:
+        runner = server if hasattr(server, "run") else FunctionRunner(server)
+    ctl = None
+    if session.control is not None:
+        ctl = Control(control_name, SessionRunner(session, session.control))
+    elif control is not None and not isinstance(control, Server):
+        ctl = Control(control_name, control)
+    with _metrics(metrics, live, say) as lm:
+        session.live = lm
+        b = Bisect(
+            session.trace,
+            session.rows,
+            runner,
+            d,
+            options,
+            control=ctl,
+            policy=session.policy,
+            chase=chase,
+            facts=session.facts,
+            say=say,
+        )
+        if plan is not None:
+            b.vary = bisect_hook(plan, session)
+        if lm is not None:
+            lm.attach_bisect(b)
+        if is_server:
+            await session.gather_facts()
+        return await run_bisect(b)
 
 
 def bisect_sync(*args: Any, **kwargs: Any) -> BisectResult:
     """:func:`bisect` for code without an event loop (same arguments)."""
     return asyncio.run(bisect(*args, **kwargs))
+
+
+# -- several runs compared -------------------------------------------------------------
+
+
+async def sweep(
+    trace: TraceLike,
+    endpoints: EndpointLike | Sequence[EndpointLike],
+    limits: Sequence[int],
+    out: str | os.PathLike[str],
+    policy: ReplayPolicy | None = None,
+    *,
+    selection: Selection | None = None,
+    watch: WatchConfig | None = DEFAULT_WATCH,
+    options: CompareOptions | None = None,
+    progress: bool = False,
+    command: Sequence[str] | None = None,
+    say: Say = _stderr,
+) -> dict[str, Any]:
+    """One replay per ``max_inflight`` limit (``OUT/inflight-N``), compared
+    against the first (``OUT/compare.json``)."""
+    from replayer.analysis.sweep import sweep as run_sweep
+    from replayer.options import SweepOptions
+
+    values = SweepOptions(limits=tuple(limits)).limits
+    assert values is not None
+    session = Session.open(
+        trace, selection=selection, policy=policy, watch=watch, endpoints=_endpoints(endpoints)
+    )
+    d = _new_dir(Path(out))
+    return await run_sweep(
+        session, values, d, progress=progress, command=list(command or ["replayer.api.sweep"]),
+        opts=options, say=say,
+    )  # fmt: skip
+
+
+def sweep_sync(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """:func:`sweep` for code without an event loop (same arguments)."""
+    return asyncio.run(sweep(*args, **kwargs))
+
+
+def compare(
+    runs: Sequence[str | os.PathLike[str]],
+    *,
+    baseline: str | None = None,
+    options: CompareOptions | None = None,
+) -> dict[str, Any]:
+    """Targets of a run, or runs (A/B), side by side with bootstrap confidence
+    intervals on the latency percentiles and output divergence."""
+    from replayer.analysis.compare import compare_runs
+
+    paths = [Path(r) for r in runs]
+    for r in paths:
+        if not r.is_dir():
+            raise UsageError(f"{r}: no such directory")
+    return compare_runs(paths, baseline=baseline, opts=options)
+
+
+def report(
+    run: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    force: bool = False,
+) -> Path:
+    """One self-contained HTML report (offline) of a run, bisect or bundle
+    directory; ``output`` defaults to ``RUN/report.html`` (rewritten)."""
+    from replayer.analysis.report import write_report
+
+    d = Path(run)
+    if not d.is_dir():
+        raise UsageError(f"{d}: no such directory")
+    path = Path(output) if output is not None else d / "report.html"
+    return write_report(d, path, force=force or output is None)
+
+
+# -- traces ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Written:
+    """A trace (or export) written: where, and how many requests."""
+
+    path: Path
+    requests: int
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def inspect(
+    trace: TraceLike,
+    *,
+    selection: Selection | None = None,
+    verify: bool = False,
+    prefix_cache: int | None = None,
+) -> dict[str, Any]:
+    """Sessions, turns, context lengths, duration and sizes of a trace (every
+    batch checked against its digests first; ``verify`` also rebuilds every
+    body). ``prefix_cache``: the ideal hit ratio for that KV block size."""
+    from replayer.replay.plan import select
+    from replayer.trace.stats import inspect_trace, prefix_cache_figures
+
+    if prefix_cache is not None and prefix_cache < 1:
+        raise OptionError("prefix_cache", "wants a block size >= 1")
+    t = open_trace(trace)
+    checked = t.verify(bodies=verify)
+    rows = None
+    sel = selection or Selection()
+    if not sel.everything:
+        rows = select(t, limit=sel.limit, sessions=sel.sessions, requests=sel.requests)
+    info = inspect_trace(t, rows)
+    if prefix_cache is not None:
+        info["prefix_cache"] = prefix_cache_figures(t, prefix_cache, rows)
+    if verify:
+        info["verify"] = checked.lines()
+    return info
+
+
+def export(
+    trace: TraceLike,
+    output: str | os.PathLike[str],
+    *,
+    format: str = "jsonl",
+    selection: Selection | None = None,
+    force: bool = False,
+) -> Written:
+    """Every request (or the selection), full body, in trace order, as
+    ``jsonl`` (replayer rows), ``aiperf`` (mooncake_trace rows) or
+    ``aiperf-inputs`` (an AIPerf inputs.json)."""
+    from replayer._files import atomic_output
+    from replayer.replay.plan import select
+    from replayer.trace.export import export_path
+
+    t = open_trace(trace)
+    sel = selection or Selection()
+    rows = select(t, limit=sel.limit, sessions=sel.sessions, requests=sel.requests)
+    if not rows and not sel.everything:
+        raise OptionError("selection", "is empty: nothing to export")
+    with atomic_output(Path(output), force=force) as tmp:
+        n, skipped = export_path(t, tmp, format, rows)
+    return Written(Path(output), n, {"skipped": list(skipped)})
+
+
+def synth(
+    output: str | os.PathLike[str], options: SynthOptions | None = None, *, force: bool = False
+) -> Written:
+    """Synthesize agent sessions into a trace (a pure function of the options' seed)."""
+    from replayer._files import atomic_output
+    from replayer.trace import synth as _synth
+
+    o = options or SynthOptions()
+    with atomic_output(Path(output), force=force) as tmp:
+        n = _synth.write_trace(tmp, o)
+    return Written(Path(output), n, {"roomy": o.roomy()})
+
+
+def import_trace(
+    format: str,
+    sources: Sequence[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    options: Any = None,
+    force: bool = False,
+    say: Say | None = None,
+) -> Written:
+    """Convert source files of a public trace format into one replayer trace.
+    ``options`` are the importer's own (an ``argparse.Namespace`` or mapping
+    of its flags' values)."""
+    import argparse
+    import time
+
+    from replayer._files import atomic_output
+    from replayer.trace.importers import IMPORTERS, details, load
+    from replayer.trace.writer import TraceMeta, TraceWriter
+
+    if format not in IMPORTERS:
+        raise OptionError("format", f"{format!r}: want one of {', '.join(IMPORTERS)}")
+    mod = load(format)
+    srcs = [Path(s) for s in sources]
+    for src in srcs:
+        if not src.exists():
+            raise UsageError(f"{src}: no such file or directory")
+    opts = options if isinstance(options, argparse.Namespace) else argparse.Namespace(
+        **(options or {})
+    )  # fmt: skip
+    meta = TraceMeta(
+        source=f"import:{format}",
+        details={"sources": [str(s) for s in srcs], **details(mod, srcs, opts)},
+    )
+    last = time.monotonic()
+    with atomic_output(Path(output), force=force) as tmp, TraceWriter(tmp, meta, form="file") as w:
+        for rec in mod.records(srcs, opts):
+            w.add(rec)
+            now = time.monotonic()
+            if say is not None and now - last >= 2.0:
+                say(f"import {format}: {w.rows:,} requests ...")
+                last = now
+        rows = w.rows
+    return Written(Path(output), rows)
+
+
+def merge(
+    segments: Sequence[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    force: bool = False,
+) -> Any:
+    """Join recording segments into one trace: rows in trace order on one
+    clock, sessions re-linked across restarts, request-id collisions renamed."""
+    from replayer._files import atomic_output
+    from replayer.record.segments import merge as _merge
+
+    with atomic_output(Path(output), force=force) as tmp:
+        return _merge([Path(s) for s in segments], tmp)
+
+
+def convert(
+    trace: TraceLike,
+    output: str | os.PathLike[str],
+    *,
+    form: str | None = None,
+    force: bool = False,
+) -> Written:
+    """Rewrite a trace of an older schema version at the current one (verified
+    in full first): same rows in the same order, same bodies, fresh digests."""
+    from replayer._files import atomic_output
+    from replayer.trace.compat import convert as _convert
+
+    t = open_trace(trace)
+    t.verify()
+    with atomic_output(Path(output), force=force) as tmp:
+        rows, batches = _convert(t, tmp, form=form)
+    return Written(Path(output), rows, {"batches": batches, "from": t.schema_version})
+
+
+# -- servers --------------------------------------------------------------------------
+
+
+def record(
+    options: RecordOptions,
+    output: str | os.PathLike[str],
+    *,
+    metrics: MetricsOptions | None = None,
+    live: LiveMetrics | None = None,
+    say: Say = _stderr,
+) -> int:
+    """Run the recording proxy until it is stopped (Ctrl-C, SIGTERM): every
+    exchange through it goes into ``output`` (a new segment if it exists)."""
+    from replayer.record.run import record as _record
+
+    with _metrics(metrics, live, say) as lm:
+        return _record(options, Path(output), live=lm)
+
+
+def serve(options: ServeOptions) -> int:
+    """Run the job service until it is stopped."""
+    from replayer.service.server import run
+
+    return run(options)
+
+
+def emulate(config: Any) -> int:
+    """Run the vLLM emulator (an :class:`~replayer.emulator.config.EmulatorConfig`)
+    until it is stopped."""
+    from replayer.emulator.server import run
+
+    return int(run(config))

@@ -23,20 +23,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_arrow", "_async", "_files", "_clock", "_http", "wire"),
+    ("errors", "_version", "_arrow", "_async", "_files", "_clock", "_http", "wire"),
+    ("_declare", "_runfile"),
+    ("options",),
     ("trace",),
     ("emulator",),
     ("monitor",),
     ("replay",),
     ("record",),
     ("target",),
+    ("session",),
     ("bundle",),
     ("bisect",),
-    ("options",),
     ("telemetry",),
     ("analysis",),
-    ("api",),
     ("service",),
+    ("api",),
     ("testing",),
     ("cli", "__main__"),
 )

@@ -20,7 +20,6 @@ from replayer import (
     Selection,
     Timing,
     api,
-    options,
 )
 from replayer.testing.emulator import EmulatorProcess
 
@@ -89,7 +88,7 @@ async def test_replay_returns_typed_results_per_endpoint(tmp_path):
 
 def test_errors_name_parameters_not_flags(tmp_path):
     with pytest.raises(OptionError, match=r"^max_inflight must be at least 1$") as e:
-        options.replay_policy({"max_inflight": 0})
+        replayer.ReplayPolicy(max_inflight=0)
     assert e.value.param == "max_inflight"
     with pytest.raises(OptionError, match=r"^endpoints 'ftp://x': the URL must start"):
         api.replay_sync(TRACE, "ftp://x", out=tmp_path / "r")

@@ -17,15 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from replayer._async import spawn
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
-from replayer.bisect.trial import TrialEnv
 from replayer.monitor.watch import WatchConfig
+from replayer.options import Server
 from replayer.record.proxy import RecordConfig, RecordingProxy
 from replayer.replay.client import Endpoint
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.results import read_results
 from replayer.replay.run import replay_to_dir
-from replayer.target.factory import make_target
+from replayer.session import Session
 from replayer.telemetry import TTFT_BUCKETS, LiveMetrics
 
 from .bisect.test_pipeline import emulator_cmd
@@ -143,14 +143,16 @@ async def test_scraped_during_a_crashing_replay_and_equal_to_results(emulator_fa
 async def test_bisect_progress(tmp_path):
     t = synth(tmp_path, sessions=3, turns=4, context=4_000, seed=6)
     rows = select(t)
-    target = make_target(
-        launch=emulator_cmd("exit when request=6"),
-        log_path=tmp_path / "b" / "server.log",
-        model=MODEL,
-    )
-    env = TrialEnv(trace=t, policy=ReplayPolicy(timing=Timing.ASAP), target=target, watch=WATCH)
     live = LiveMetrics()
-    env.live = live
+    env = Session.open(
+        t,
+        rows=rows,
+        policy=ReplayPolicy(timing=Timing.ASAP),
+        watch=WATCH,
+        server=Server(launch=emulator_cmd("exit when request=6")),
+        logs=tmp_path / "b",
+        live=live,
+    )
     (tmp_path / "b").mkdir()
     b = Bisect(
         t,
@@ -234,7 +236,7 @@ def test_cli_reports_a_taken_metrics_port_in_one_line(tmp_path):
 def test_replay_bisect_and_record_take_the_flag():
     from replayer.cli import build_parser
 
-    p = build_parser()
+    p = build_parser(full=True)
     for argv in (
         ["replay", "t.arrow", "--target", "http://h:1"],
         ["bisect", "t.arrow", "--out", "d", "--launch", "x"],

@@ -27,13 +27,15 @@ repeat runs to see their noise.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from replayer.analysis.bootstrap import percentile_ratio
 from replayer.analysis.rundir import RunData, TargetResults, load_run
 from replayer.errors import UsageError
+from replayer.options.analysis import CompareOptions as CompareOptions
+from replayer.options.analysis import Slo as Slo
 from replayer.trace.stats import percentile
 
 LATENCIES = (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "E2E"))
@@ -45,42 +47,6 @@ _VERDICT = {
     "too few": "too few",
     "n/a": "n/a",
 }
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Bounds a request must meet to count towards goodput (ms; None: no bound)."""
-
-    ttft_ms: float | None = None
-    itl_ms: float | None = None
-    e2e_ms: float | None = None
-
-    def met(self, ttft: float | None, itl: float | None, e2e: float | None) -> bool:
-        for bound, v in ((self.ttft_ms, ttft), (self.itl_ms, itl), (self.e2e_ms, e2e)):
-            if bound is not None and (v is None or v > bound):
-                return False
-        return True
-
-
-@dataclass(frozen=True)
-class CompareOptions:
-    draws: int = 2000
-    """Bootstrap draws per interval (bounded work, seeded)."""
-    level: float = 0.95
-    seed: int = 0
-    min_effect: float = 0.10
-    """Call a latency difference only when its interval lies outside
-    [1/(1+m), 1+m]: the interval must exclude 1 *and* every change under 10%,
-    the run-to-run wobble of a replay (machine load, clocks, batch timing) that
-    the per-request bootstrap cannot see: two runs of one config on one
-    machine differ by that much at the percentiles. Lower it (0: whenever the
-    interval excludes 1) when runs are known to be steadier."""
-    slo: Slo = field(default_factory=Slo)
-    min_tail: int = 10
-    """Requests beyond a percentile each side needs for an interval (see
-    :mod:`replayer.analysis.bootstrap`): p99 is judged from 1,000 requests on."""
-    divergent_listed: int = 20
-    """Divergent requests listed per config (all are counted)."""
 
 
 @dataclass(frozen=True)
@@ -340,7 +306,7 @@ def compare_runs(
     groups = group_configs(runs, labels=labels, baseline=baseline)
     return {
         "runs": [str(p) for p in paths],
-        "options": {**asdict(opts), "slo": asdict(opts.slo)},
+        "options": opts.to_dict(),
         "groups": [compare_group(title, configs, opts) for title, configs in groups],
     }
 

@@ -48,7 +48,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from replayer import __version__
+from replayer._version import __version__
 from replayer.analysis import figures as F
 from replayer.analysis.rundir import (
     RunData,

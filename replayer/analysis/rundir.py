@@ -27,7 +27,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replayer._arrow import read_stream
+from replayer._runfile import RunFileError
+from replayer.bisect.files import JOURNAL_NAME, journal_trials
+from replayer.bundle.files import MANIFEST
 from replayer.errors import UsageError
+from replayer.replay.files import RUN, read_summary
 from replayer.trace.stats import percentile
 
 COLUMNS = (
@@ -157,8 +161,8 @@ def load_run(path: Path, *, with_text: bool = False) -> RunData:
     if not is_run_dir(path):
         raise UsageError(f"{path}: not a run directory (no results.arrow)")
     cols = read_columns(path / "results.arrow", (*COLUMNS, "output_text") if with_text else COLUMNS)
-    info = _json(path / "run.json") or {}
-    summary = _json(path / "summary.json") or {}
+    info = RUN.load(path) if RUN.exists(path) else {}
+    summary = read_summary(path) or {}
     urls = {t.get("name"): t.get("url") for t in info.get("targets", []) if isinstance(t, dict)}
     order = [t for t in urls if t] + sorted(set(cols.get("target", [])) - set(urls))
     rows_of: dict[str, list[int]] = {}
@@ -188,15 +192,9 @@ def load_trials(path: Path) -> list[dict[str, Any]]:
     """Every trial of a bisect directory (its journal) or of a bundle
     (``trials.jsonl``), in trial order."""
     out: list[dict[str, Any]] = []
-    journal = path / "journal.jsonl"
+    journal = path / JOURNAL_NAME
     if journal.is_file():
-        for line in journal.read_bytes().splitlines():
-            try:
-                e = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                break  # a torn last line of a killed bisect
-            if isinstance(e, dict) and e.get("event") == "trial":
-                out.append({**e["record"], "timing": e.get("timing"), "speed": e.get("speed")})
+        out = journal_trials(journal)
     elif (path / "trials.jsonl").is_file():
         for line in (path / "trials.jsonl").read_bytes().splitlines():
             if line.strip():
@@ -205,10 +203,12 @@ def load_trials(path: Path) -> list[dict[str, Any]]:
 
 
 def load_manifest(path: Path) -> dict[str, Any] | None:
-    for p in (path / "bundle" / "manifest.json", path / "manifest.json"):
-        m = _json(p)
-        if isinstance(m, dict):
-            return m
+    for d in (path / "bundle", path):
+        if MANIFEST.exists(d):
+            try:
+                return MANIFEST.load(d)
+            except RunFileError as exc:
+                raise UsageError(str(exc)) from None
     return None
 
 

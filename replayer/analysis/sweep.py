@@ -23,11 +23,8 @@ from typing import Any
 import orjson
 
 from replayer.analysis.compare import CompareOptions, compare_runs
-from replayer.monitor.watch import WatchConfig
-from replayer.replay.client import Endpoint
-from replayer.replay.policy import ReplayPolicy
-from replayer.replay.run import EXIT_UNREACHABLE, replay_to_dir
-from replayer.trace.reader import Trace
+from replayer.replay.run import EXIT_UNREACHABLE
+from replayer.session import Session
 
 
 def point_dir(out: Path, n: int) -> Path:
@@ -35,34 +32,26 @@ def point_dir(out: Path, n: int) -> Path:
 
 
 async def sweep(
-    trace: Trace,
-    rows: list[int],
-    policy: ReplayPolicy,
-    targets: list[Endpoint],
+    session: Session,
     values: Sequence[int],
     out: Path,
     *,
-    watch: WatchConfig | None = None,
     progress: bool = False,
     command: list[str] | None = None,
     opts: CompareOptions | None = None,
     say: Any = None,
 ) -> dict[str, Any]:
-    """Replay at each ``--max-inflight`` value, then compare (baseline: the first)."""
+    """Replay the session's selection against its endpoints at each
+    ``max_inflight`` value, then compare (baseline: the first)."""
     runs: list[Path] = []
     for n in values:
         run_dir = point_dir(out, n)
         run_dir.mkdir(parents=True, exist_ok=False)
-        res = await replay_to_dir(
-            trace,
-            rows,
-            replace(policy, max_inflight=n),
-            targets,
+        res = await session.replay(
             run_dir,
-            command=command,
-            selection={"sweep": list(values), "max_inflight": n},
+            policy=replace(session.policy, max_inflight=n),
             progress=progress,
-            watch=watch,
+            command=command,
         )
         if say is not None:
             say(f"sweep: max-inflight {n}: exit {res.exit_code} -> {run_dir}")

@@ -25,27 +25,16 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
 
+from replayer.bisect.files import journal_events, journal_header
 from replayer.bisect.search import bayes_prefix, binary_prefix
 from replayer.bisect.stats import repeats_for, wilson
-
-
-class Outcome(StrEnum):
-    MATCH = "MATCH"
-    """The chased failure: same class, and same signature (or the --signature regex)."""
-    OTHER_FAILURE = "OTHER_FAILURE"
-    """Another crash: a new bug, recorded with its witness, never accepted."""
-    PASS = "PASS"
-    INVALID = "INVALID"
-    """The reduction broke the workload (e.g. new 4xx answers)."""
-    INFRA = "INFRA"
-    """The trial could not run (launch failure, unreachable target)."""
+from replayer.session.verdict import Outcome as Outcome
 
 
 @dataclass(frozen=True)
@@ -179,18 +168,9 @@ class Oracle:
     def _load(self) -> None:
         if not self.journal.exists():
             return
-        data = self.journal.read_bytes()
         at = 0
-        for line in data.splitlines(keepends=True):
-            try:
-                e = orjson.loads(line) if line.strip() else {}
-            except orjson.JSONDecodeError:
-                # a torn last line of a killed run: everything before it stands,
-                # and it goes, or the next entry appended would be torn with it
-                with self.journal.open("r+b") as f:
-                    f.truncate(at)
-                break
-            at += len(line)
+        for end, e in journal_events(self.journal):
+            at = end
             if e.get("event") == "trial":
                 cand = Candidate(tuple(e["positions"]), e["timing"], e["speed"], e.get("edit", ""))
                 rec = TrialRecord(
@@ -204,10 +184,17 @@ class Oracle:
                 self.budget.spent_s = float(e["spent_s"])
             elif e.get("event") == "mark":
                 self.marks[e["name"]] = int(e["trials"])
+        if at < self.journal.stat().st_size:
+            # a torn last line of a killed run: everything before it stands,
+            # and it goes, or the next entry appended would be torn with it
+            with self.journal.open("r+b") as f:
+                f.truncate(at)
 
     def _append(self, *entries: dict[str, Any], sync: bool = True) -> None:
         """Append ``entries`` in one write. Only trials are synced: a verdict or
         mark lost with the unsynced tail is recomputed from the same records."""
+        if not self.journal.exists() or self.journal.stat().st_size == 0:
+            entries = (journal_header(), *entries)
         with self.journal.open("ab") as f:
             f.write(b"".join(orjson.dumps(e) + b"\n" for e in entries))
             f.flush()

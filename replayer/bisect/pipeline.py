@@ -29,8 +29,8 @@ Every trial is journaled (``journal.jsonl``) before the search moves on;
 ``--resume`` replays the journal and continues without repeating a trial.
 
 Who runs a trial is a :class:`~replayer.bisect.runner.Runner`: a real
-target (a :class:`~replayer.bisect.trial.TrialEnv`, wrapped as
-:class:`~replayer.bisect.runner.EnvRunner`) or a user's own oracle, for
+server (a :class:`~replayer.session.Session`, wrapped as
+:class:`~replayer.bisect.runner.SessionRunner`) or a user's own oracle, for
 the main target and the control alike. The passes are in
 :mod:`~replayer.bisect.stages`, confirmation in
 :mod:`~replayer.bisect.confirm`, the bundle in
@@ -63,12 +63,12 @@ from replayer.bisect.oracle import (
     TrialRecord,
 )
 from replayer.bisect.runner import Runner, Trial, as_runner, observed
-from replayer.bisect.stages import STAGES, NotReproducible
+from replayer.bisect.stages import NotReproducible
 from replayer.bisect.stats import fisher_one_sided
-from replayer.bisect.trial import Chase, NotExercised, TrialEnv
-from replayer.errors import OptionError
 from replayer.monitor.signature import Signature
+from replayer.options.search import STAGES, BisectOptions
 from replayer.replay.policy import ReplayPolicy, Timing
+from replayer.session import Chase, NotExercised, Session
 from replayer.trace.reader import Trace
 
 __all__ = [
@@ -83,61 +83,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class BisectOptions:
-    """How hard a bisect searches and how it confirms (see the module doc)."""
-
-    stages: tuple[str, ...] = STAGES
-    calibrate_matches: int = 5
-    calibrate_runs: int = 10
-    prefix_recheck: int = 2
-    """After a binary prefix search (a crash that looked deterministic), runs
-    of the longest prefix it found quiet: each costs a deterministic crash
-    one trial and catches a crash that is flaky at shorter lengths with
-    probability p (bench/RESULTS.md, issue 16)."""
-    shrink_steps: int = 256
-    """The shrink stage cuts a text prompt, or the prose of a conversation
-    item, in at most this many steps (log2 of it probes per text)."""
-    confirm: int = 10
-    alpha: float = 0.05
-    max_trials: int | None = None
-    max_time: float | None = None
-    speedups: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
-    try_asap: bool = True
-    bundle: bool = True
-    """Write the repro bundle (after every improvement and at the end)."""
-
-    def __post_init__(self) -> None:
-        bad = [s for s in self.stages if s not in STAGES]
-        if bad:
-            raise OptionError(
-                "stages",
-                f"names unknown stage(s) {', '.join(bad)}; the stages are {', '.join(STAGES)}",
-            )
-        if self.calibrate_matches < 1:
-            raise OptionError("calibrate_matches", "must be at least 1")
-        if self.calibrate_runs < 1:
-            raise OptionError("calibrate_runs", "must be at least 1")
-        if self.confirm < 0:
-            raise OptionError("confirm", "must not be negative")
-        if self.prefix_recheck < 0:
-            raise OptionError("prefix_recheck", "must not be negative")
-        if self.shrink_steps < 2:
-            raise OptionError("shrink_steps", "must be at least 2")
-        if not 0 < self.alpha < 1:
-            raise OptionError("alpha", "must be between 0 and 1")
-        if self.max_trials is not None and self.max_trials < 1:
-            raise OptionError("max_trials", "must be at least 1")
-        if self.max_time is not None and not self.max_time > 0:
-            raise OptionError("max_time", "must be positive")
-
-
 @dataclass
 class Control:
     """The platform that runs clean (e.g. B300): the repro is replayed there too."""
 
     name: str
-    runner: Runner | TrialEnv
+    runner: Runner | Session
 
 
 @dataclass
@@ -159,6 +110,10 @@ class BisectResult:
     shrink: dict[str, Any] | None = None
     """What the shrink stage found (the manifest's ``shrink``): ``text`` is
     the line for people ("crashes at >= 327,680 prompt tokens, not at 327,168")."""
+    selected: int = 0
+    """Requests in the selection the bisect started from."""
+    variants: dict[str, Any] | None = None
+    """What made the crash go away (``--vary``'s report), or None."""
 
 
 class _Trials:
@@ -214,7 +169,7 @@ class _Trials:
 class Bisect:
     """One minimization of one trace with one runner (see the module doc).
 
-    ``runner`` is a real target's :class:`TrialEnv` or any
+    ``runner`` is a :class:`~replayer.session.Session` (its server under test) or any
     :class:`~replayer.bisect.runner.Runner`; ``policy`` (default: the
     env's) is the replay policy trials start from and the bundle states;
     ``chase`` (default: the env's) pins the failure to chase.
@@ -229,7 +184,7 @@ class Bisect:
         self,
         trace: Trace,
         rows: Sequence[int],
-        runner: Runner | TrialEnv,
+        runner: Runner | Session,
         out: Path,
         opts: BisectOptions | None = None,
         *,
@@ -239,7 +194,7 @@ class Bisect:
         facts: dict[str, Any] | None = None,
         say: Callable[[str], None] | None = None,
     ) -> None:
-        env = runner if isinstance(runner, TrialEnv) else None
+        env = runner if isinstance(runner, Session) else None
         self.trace = trace
         self.rows = list(rows)
         self.runner = as_runner(runner)
@@ -481,10 +436,14 @@ class Bisect:
                 await self.vary(self)
         except NotReproducible as exc:
             self.say(f"== not reproducible: {exc}")
-            return BisectResult("not_reproducible", self.best, None, self.oracle.trials)
+            return BisectResult(
+                "not_reproducible", self.best, None, self.oracle.trials, selected=len(self.rows)
+            )
         except NotExercised as exc:
             self.say(f"== NOT EXERCISED, refusing to bisect: {exc}")
-            return BisectResult("not_exercised", self.best, None, self.oracle.trials)
+            return BisectResult(
+                "not_exercised", self.best, None, self.oracle.trials, selected=len(self.rows)
+            )
         except BudgetExhausted as exc:
             status = "budget_exhausted"
             self.say(f"== stopped: {exc}; the best repro so far stands")
@@ -501,6 +460,8 @@ class Bisect:
             [self.ids[self.rows[p]] for p in self.best.positions],
             [r.to_json() for r in self.oracle.bugs.values()],
             _manifest.shrink_dict(self),
+            len(self.rows),
+            self.variants,
         )
 
     async def aclose(self) -> None:

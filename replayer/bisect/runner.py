@@ -3,10 +3,11 @@
 A bisect asks one question per trial, "does this candidate still crash?", and
 everything else (the search, the journal and resume, the budget, the bundle)
 is the same whoever answers it. :class:`Runner` is that question, as a
-transport is for an HTTP client: :class:`EnvRunner` answers it with a real
-target (launch, replay, watch, classify: :class:`~replayer.bisect.trial.TrialEnv`),
-and a user's own oracle ("does my kernel test crash on these requests?")
-answers it in-process, in milliseconds, with no server at all.
+transport is for an HTTP client: :class:`SessionRunner` answers it with a
+real server (launch, replay, watch, classify: a
+:class:`~replayer.session.Session`'s trial), and a user's own oracle ("does
+my kernel test crash on these requests?") answers it in-process, in
+milliseconds, with no server at all.
 
 **Usage**::
 
@@ -27,13 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import orjson
-
-from replayer.bisect.oracle import Outcome
-from replayer.bisect.trial import Chase, NotExercised, TrialEnv
 from replayer.monitor.signature import Signature
-from replayer.replay.policy import ReplayPolicy, Timing
+from replayer.options.replay import ReplayPolicy, Timing
+from replayer.replay.files import read_summary
 from replayer.replay.results import read_results
+from replayer.session import Chase, NotExercised, Outcome, Session, Slot
 from replayer.trace.reader import Trace
 
 
@@ -106,7 +105,7 @@ class Observation:
 
 class Runner(Protocol):
     """Runs one trial (see the module doc). May raise
-    :class:`~replayer.bisect.trial.NotExercised` to refuse a trace that
+    :class:`~replayer.session.NotExercised` to refuse a trace that
     cannot show anything (as the real target does for an all-4xx replay)."""
 
     async def run(self, trial: Trial) -> Outcome | Observation: ...
@@ -129,17 +128,24 @@ class FunctionRunner:
         return got
 
 
-class EnvRunner:
-    """The real target: each trial a fresh (or reset) server, replayed,
-    watched and classified by its :class:`TrialEnv`."""
+class SessionRunner:
+    """The real server: each trial a fresh (or reset) server, replayed,
+    watched and classified by the :class:`~replayer.session.Session`
+    (``slot``: which of its servers; default the one under test)."""
 
-    def __init__(self, env: TrialEnv) -> None:
-        self.env = env
+    def __init__(self, session: Session, slot: Slot | None = None) -> None:
+        self.session = session
+        self.slot = slot or session.slot
 
     async def run(self, trial: Trial) -> Observation:
-        env = self.env
-        env.chase = trial.chase  # the classification follows the bisect's chase
-        res = await env.run(list(trial.rows), trial.out, policy=trial.policy, trace=trial.trace)
+        res = await self.session.trial(
+            trial.out,
+            rows=trial.rows,
+            slot=self.slot,
+            policy=trial.policy,
+            trace=trial.trace,
+            chase=trial.chase,
+        )
         if res.unexercised and trial.stage == "calibrate":
             raise NotExercised(res.unexercised)
         sent: list[int] | None = None
@@ -158,11 +164,12 @@ class EnvRunner:
         )
 
     async def aclose(self) -> None:
-        await self.env.target.stop()
+        if self.slot is not None and not self.session.keep_running:
+            await self.slot.stop()
 
 
-def as_runner(runner: Runner | TrialEnv) -> Runner:
-    return EnvRunner(runner) if isinstance(runner, TrialEnv) else runner
+def as_runner(runner: Runner | Session) -> Runner:
+    return SessionRunner(runner) if isinstance(runner, Session) else runner
 
 
 def failure_rows(run: Path, failure: dict[str, Any]) -> tuple[list[int], list[int]]:
@@ -184,10 +191,10 @@ def failure_rows(run: Path, failure: dict[str, Any]) -> tuple[list[int], list[in
 def run_failure(run: Path) -> dict[str, Any] | None:
     """The failure a run directory's summary records (a journal written
     before failure points were journaled is resumed from these)."""
-    path = run / "summary.json"
-    if not (path.exists() and (run / "results.arrow").exists()):
+    summary = read_summary(run)
+    if summary is None or not (run / "results.arrow").exists():
         return None
-    targets = orjson.loads(path.read_bytes()).get("targets", {})
+    targets = summary.get("targets", {})
     failure: dict[str, Any] | None = next(
         (t["failure"] for t in targets.values() if t.get("failure")), None
     )

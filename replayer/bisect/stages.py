@@ -19,8 +19,6 @@ from replayer.replay.policy import Timing
 if TYPE_CHECKING:
     from replayer.bisect.pipeline import Bisect
 
-STAGES = ("calibrate", "cut", "prefix", "sessions", "turns", "shrink", "timing")
-
 
 class NotReproducible(Exception):
     """Calibration saw no crash of the full trace."""

@@ -59,13 +59,12 @@ import orjson
 
 from replayer._files import parse_json_or_toml, read_jsonl
 from replayer.bisect.confirm import confirm_counts
-from replayer.bisect.oracle import Outcome
+from replayer.bisect.files import VARIANTS
 from replayer.bisect.stats import rate_dict
-from replayer.bisect.trial import Chase, TrialEnv
 from replayer.emulator.faults import ENV_DEFAULTS
 from replayer.errors import UsageError
 from replayer.replay.policy import ReplayPolicy, Timing
-from replayer.target.factory import make_target
+from replayer.session import Chase, Outcome, Session
 from replayer.target.facts import redact_command
 from replayer.target.process import split_command
 
@@ -540,30 +539,6 @@ def make_plan(
 
 # -- running --------------------------------------------------------------------------
 
-EnvFactory = Callable[[str, Path], TrialEnv]
-"""A :class:`TrialEnv` for a launch command, its server log at the path."""
-
-
-def variant_envs(template: TrialEnv, url: str | None) -> EnvFactory:
-    """Environments like ``template`` (policy, monitor, key, pid file) whose
-    target is each variant's launch (:func:`run_plan` gives each its chase);
-    ``url`` as ``--url`` gave it (None: from each command's ``--host``/``--port``)."""
-
-    def make(cmd: str, log_path: Path) -> TrialEnv:
-        t = template.target
-        target = make_target(
-            launch=cmd,
-            url=url,
-            log_path=log_path,
-            model=t.model,
-            api_key=t.api_key,
-            ready_timeout=t.ready_timeout,
-            marks=getattr(t, "marks", None),
-        )
-        return replace(template, target=target, started=False, needs_restart=True)
-
-    return make
-
 
 def _mkdir(d: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
@@ -580,7 +555,7 @@ async def _run_one(
     runs: int,
     rows: list[int],
     out: Path,
-    new_env: EnvFactory,
+    session: Session,
     policy: ReplayPolicy | None,
     chase: Chase,
     key: str,
@@ -602,12 +577,19 @@ async def _run_one(
         return sum(e["outcome"] == Outcome.MATCH.value for e in done)
 
     if len(done) < runs and not (control and settled(crashes(), runs, control)):
-        env = new_env(cmd, d / "server.log")
-        env.chase = replace(chase)
+        slot = session.variant(cmd, d / "server.log")
+        mine = replace(chase)
         failed = 0
         try:
             for i in range(len(done), runs):
-                res = await env.run(rows, d / f"{i + 1:03d}", policy=policy, trace=trace)
+                res = await session.trial(
+                    d / f"{i + 1:03d}",
+                    rows=rows,
+                    slot=slot,
+                    policy=policy,
+                    trace=trace,
+                    chase=mine,
+                )
                 outcome = "UNEXERCISED" if res.unexercised else res.outcome.value
                 entry = {
                     "key": key,
@@ -631,7 +613,7 @@ async def _run_one(
                     say(f"variant {name}: settled after {i + 1} run(s), {runs - i - 1} not needed")
                     break
         finally:
-            await env.target.stop()
+            await slot.stop()
     counted = [e for e in done if e["outcome"] not in ("INFRA", "UNEXERCISED")]
     k = sum(e["outcome"] == Outcome.MATCH.value for e in counted)
     row: dict[str, Any] = {
@@ -653,7 +635,7 @@ async def run_plan(
     plan: VaryPlan,
     rows: list[int],
     out: Path,
-    new_env: EnvFactory,
+    session: Session,
     *,
     policy: ReplayPolicy | None = None,
     chase: Chase | None = None,
@@ -667,7 +649,7 @@ async def run_plan(
     already measured on the unmodified launch; without it the control runs too.
     Runs are journaled in ``out/variants.jsonl``: a resumed run repeats none."""
     chase = chase or Chase()
-    args = (plan.runs, rows, out, new_env, policy, chase, key, say, trace)
+    args = (plan.runs, rows, out, session, policy, chase, key, say, trace)
     if control is not None and control[1]:
         ctl: dict[str, Any] = {
             "name": CONTROL,
@@ -704,7 +686,7 @@ async def run_plan(
     return report
 
 
-def bisect_hook(plan: VaryPlan, new_env: EnvFactory) -> Callable[[Bisect], Awaitable[None]]:
+def bisect_hook(plan: VaryPlan, session: Session) -> Callable[[Bisect], Awaitable[None]]:
     """What a bisect runs after confirming: the variants on its best repro,
     the confirm runs as the control row, the report in ``b.variants``."""
 
@@ -717,7 +699,7 @@ def bisect_hook(plan: VaryPlan, new_env: EnvFactory) -> Callable[[Bisect], Await
             plan,
             rows,
             b.out / "variants",
-            new_env,
+            session,
             policy=replace(b.policy, timing=Timing(b.best.timing), speed=b.best.speed),
             chase=b.chase,
             key=b.best.key(),
@@ -725,7 +707,7 @@ def bisect_hook(plan: VaryPlan, new_env: EnvFactory) -> Callable[[Bisect], Await
             say=b.say,
             trace=trace,
         )
-        write_report(b.out / "variants.json", b.variants)
+        write_report(b.out, b.variants)
 
     return hook
 
@@ -828,7 +810,6 @@ def table(report: Mapping[str, Any]) -> list[str]:
     return [*lines, f"reading: {report['reading']}"]
 
 
-def write_report(path: Path, report: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    os.replace(tmp, path)
+def write_report(directory: Path, report: Mapping[str, Any]) -> None:
+    """``directory/variants.json`` (:data:`replayer.bisect.files.VARIANTS`)."""
+    VARIANTS.write(directory, report)

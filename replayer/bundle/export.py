@@ -30,21 +30,16 @@ from typing import Any
 
 import orjson
 
-from replayer import __version__
+from replayer._version import __version__
+from replayer.bundle.files import MANIFEST
 from replayer.trace.export import jsonl_lines
 from replayer.trace.reader import Trace
 from replayer.trace.subset import write_subset
 from replayer.trace.writer import RequestRecord
 
-BUNDLE_FORMAT_VERSION = 1
+BUNDLE_FORMAT_VERSION = MANIFEST.version
 REPRO_SOURCE = Path(__file__).with_name("repro.py")
 LOG_TAIL_BYTES = 256 << 10
-
-
-def _dump(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
-    os.replace(tmp, path)
 
 
 def write_bundle(
@@ -78,7 +73,7 @@ def write_bundle(
         "requests": ids,
         **manifest,
     }
-    _dump(tmp / "manifest.json", full)
+    MANIFEST.write(tmp, full)
     shutil.copyfile(REPRO_SOURCE, tmp / "repro.py")
     os.chmod(tmp / "repro.py", 0o755)
     if server_log:

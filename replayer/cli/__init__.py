@@ -1,8 +1,12 @@
-"""The ``replayer`` command line: one module per command group.
+"""The ``replayer`` command line: parse, call one :mod:`replayer.api` verb, print.
 
-Each command module exposes ``register(subparsers)`` and keeps heavy imports
-inside its handlers, so ``replayer --help`` and start-up stay fast. Every
-handler returns an exit code. A :class:`~replayer.errors.ReplayerError`
+Each command module exposes ``register(subparsers)``; its flags come from
+the declared options (:mod:`replayer.options`, rendered by
+:mod:`replayer.cli.args`). Only the module of the command being run is
+imported (``replayer --help`` lists the others from :data:`COMMANDS`), and
+handlers import the library inside, so ``replayer --help`` and
+``replayer VERB --help`` load no pyarrow, aiohttp, numpy or stage code.
+Every handler returns an exit code. A :class:`~replayer.errors.ReplayerError`
 becomes one line on stderr and exit code 2, never a traceback.
 """
 
@@ -18,22 +22,38 @@ import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
-from replayer import __version__
+from replayer._version import __version__
 from replayer.errors import ReplayerError
 
-# Order here is the order in --help.
-COMMAND_MODULES = (
-    "replayer.cli.trace_cmds",
-    "replayer.cli.replay",
-    "replayer.cli.check",
-    "replayer.cli.bisect",
-    "replayer.cli.bundle",
-    "replayer.cli.report",
-    "replayer.cli.record",
-    "replayer.cli.emulate",
-    "replayer.cli.serve",
-    "replayer.cli.demo",
-)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "import": ("replayer.cli.trace_cmds", "convert a public trace format into a replayer trace"),
+    "synth": ("replayer.cli.trace_cmds", "synthesize agent sessions into a trace"),
+    "inspect": ("replayer.cli.trace_cmds", "summarize a trace (sessions, turns, context lengths)"),
+    "export": ("replayer.cli.trace_cmds", "write a trace as JSONL (full bodies, trace order)"),
+    "replay": ("replayer.cli.replay", "replay a trace against one or more targets"),
+    "check": ("replayer.cli.check", "one trial: does this trace crash the target?"),
+    "bisect": ("replayer.cli.bisect", "minimize a crashing trace to a repro bundle"),
+    "bundle": ("replayer.cli.bundle", "work with repro bundles"),
+    "soak": ("replayer.cli.bundle", "verify a fix: N runs of a trace, expecting no crash"),
+    "report": (
+        "replayer.cli.report",
+        "an HTML report of a run, bisect or bundle (self-contained, offline)",
+    ),
+    "compare": (
+        "replayer.cli.report",
+        "compare targets of a run, or runs (A/B), with confidence intervals",
+    ),
+    "sweep": (
+        "replayer.cli.report",
+        "replay a trace at several --max-inflight values and compare them",
+    ),
+    "record": ("replayer.cli.record", "record agent traffic through a transparent proxy"),
+    "trace": ("replayer.cli.record", "operations on trace files (merge, convert)"),
+    "emulate": ("replayer.cli.emulate", "run the vLLM emulator with fault injection"),
+    "serve": ("replayer.cli.serve", "run the job service (HTTP API, persistence, auth)"),
+    "demo": ("replayer.cli.demo", "crash the built-in emulator, bisect the trace, bundle it"),
+}
+"""Every command, in ``--help`` order: its module and its one-line help."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -43,7 +63,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> Parser:
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (the first word that is not a global flag)."""
+    for word in argv:
+        if word in ("-v", "--verbose") or (word.startswith("-v") and set(word[1:]) == {"v"}):
+            continue
+        return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None, *, full: bool = False) -> Parser:
+    """The parser for ``argv``: the named command in full, the others as
+    their one-line help (``full``: every command in full, for tests and docs)."""
     parser = Parser(
         prog="replayer",
         description="Record, replay, monitor and bisect LLM-serving crash traces.",
@@ -53,8 +84,18 @@ def build_parser() -> Parser:
         "-v", "--verbose", action="count", default=0, help="more log output (repeatable)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    chosen = _command_in(sys.argv[1:] if argv is None else argv)
+    wanted = {m for m, _ in COMMANDS.values()} if full else set()
+    if chosen is not None:
+        wanted.add(COMMANDS[chosen][0])
+    registered: set[str] = set()
+    for name, (module, help_text) in COMMANDS.items():
+        if module in wanted:
+            if module not in registered:
+                importlib.import_module(module).register(sub)
+                registered.add(module)
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
@@ -91,28 +132,26 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if (
-        args.command in INTERRUPTIBLE
-        and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    ):
+def install_signals(command: str | None) -> None:
+    """SIGINT and SIGTERM stop a command that runs servers the way Ctrl-C does."""
+    if command not in INTERRUPTIBLE or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # a shell starts background jobs (``replayer replay ... &``, CI steps)
         # with SIGINT ignored: then neither kill -INT nor SIGTERM (delivered
         # as SIGINT below) would stop the run and save what it measured
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if (
-        args.command in INTERRUPTIBLE
-        and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    ):
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # asyncio.run cancels the main task on SIGINT: launched servers are
         # stopped and results, summary and journal written, as on Ctrl-C
         signal.signal(signal.SIGTERM, _term_as_interrupt)
-    if args.command in INTERRUPTIBLE:
-        _raise_open_files_limit()
+    _raise_open_files_limit()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    install_signals(args.command)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="replayer: %(levelname)s: %(message)s",

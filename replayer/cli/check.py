@@ -24,71 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from replayer import options
-from replayer.cli.args import add_opt
-from replayer.cli.replay import (
-    add_monitor_arguments,
-    add_policy_arguments,
-    add_selection_arguments,
-    policy_from,
-    watch_from,
-)
-from replayer.errors import UsageError
-
-
-def add_lifecycle_arguments(p: argparse.ArgumentParser) -> None:
-    """One server's lifecycle; ``--target`` (replay's spelling) is ``--url``."""
-    g = p.add_argument_group(options.SERVER.title)
-    for o in options.SERVER.opts:
-        if o.name == "url":
-            add_opt(g, o, "--target")
-        else:
-            add_opt(g, o)
-    g.add_argument(
-        "--api-key-file",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help="read the API key from a file",
-    )
-
-
-def target_from(
-    args: argparse.Namespace,
-    log_path: Path,
-    model: str | None,
-    marks: dict[str, str] | None = None,
-) -> Any:
-    import os
-
-    from replayer.cli.replay import read_key
-    from replayer.target.factory import make_target
-
-    key = None
-    if getattr(args, "api_key_file", None) is not None:
-        key = read_key(f"file:{args.api_key_file}", "--api-key-file")
-    elif args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if key is None:
-            raise UsageError(f"--api-key-env: environment variable {args.api_key_env} is not set")
-    elif os.environ.get("REPLAYER_API_KEY"):
-        key = os.environ["REPLAYER_API_KEY"]
-    if args.url is not None:
-        name, sep, rest = args.url.partition("=")
-        if sep and "://" not in name:
-            args.url = rest  # --target NAME=URL, as replay takes it
-        options.url("url", args.url)
-    target = make_target(
-        launch=args.launch,
-        restart_cmd=args.restart_cmd,
-        url=args.url,
-        log_cmd=args.log_cmd,
-        log_path=log_path,
-        model=model,
-        api_key=key,
-        ready_timeout=args.ready_timeout,
-        marks=marks,
-    )
-    return target, key
+from replayer.cli.args import add_options, build
 
 
 def register(sub: Any) -> None:
@@ -99,98 +35,43 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", type=Path, metavar="TRACE")
-    add_lifecycle_arguments(p)
-    add_policy_arguments(p)
-    add_monitor_arguments(p)
-    add_selection_arguments(p)
-    g = p.add_argument_group("verdict")
-    g.add_argument(
-        "--signature",
-        default=None,
-        metavar="REGEX",
-        help="the chased failure: crashes whose signature text matches",
-    )
-    g.add_argument(
-        "--expect-signature",
-        default=None,
-        metavar="HASH",
-        help="the chased failure: crashes with this signature hash",
-    )
-    g.add_argument("--convention", choices=("bisect", "reduce"), default="bisect")
-    g.add_argument(
-        "--also-interesting",
-        type=int,
-        default=None,
-        metavar="N",
-        help="reduce convention: exit N for another failure",
-    )
+    add_options(p, "check")
     p.add_argument("--out", type=Path, default=None, metavar="RUN")
     p.add_argument("--force", action="store_true", help="reuse a non-empty --out")
-    p.add_argument(
-        "--keep-running",
-        action="store_true",
-        help="leave a launched server running after the trial",
-    )
     p.set_defaults(func=cmd_check)
 
 
-def exit_code(outcome: str, convention: str, also: int | None) -> int:
-    if convention == "bisect":
-        return {"PASS": 0, "MATCH": 1}.get(outcome, 125)
-    if outcome == "MATCH":
-        return 0
-    if outcome == "OTHER_FAILURE" and also is not None:
-        return also
-    return 1
+def server_from(args: argparse.Namespace, verb: str) -> options.Server:
+    """The one server of a lifecycle verb, its key from the environment or a file."""
+    from dataclasses import replace
+
+    key = build(options.Targets, args, verb).api_key()
+    return replace(build(options.Server, args, verb), api_key=key)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    import asyncio
+    from replayer import api
 
-    from replayer.bisect.trial import Chase, TrialEnv
-    from replayer.monitor.signature import compile_signature_regex
-    from replayer.replay.plan import select
-    from replayer.replay.run import prepare_out
-    from replayer.replay.summary import render
-    from replayer.trace.reader import Trace
-
-    policy = policy_from(args)
-    watch = watch_from(args)
-    if watch is None:
-        raise UsageError("check classifies failures: it needs the monitor (drop --no-monitor)")
-    if args.also_interesting is not None and not 2 < args.also_interesting < 125:
-        raise UsageError("--also-interesting must be between 3 and 124")
-    chase = Chase(
-        regex=compile_signature_regex(args.signature) if args.signature else None,
-        signature=args.expect_signature,
+    chase = build(options.ChaseOptions, args, "check")
+    verdict = build(options.CheckOptions, args, "check")
+    res = api.check_sync(
+        args.trace,
+        server_from(args, "check"),
+        build(options.ReplayPolicy, args, "check"),
+        selection=build(options.Selection, args, "check"),
+        out=args.out,
+        watch=build(options.WatchConfig, args, "check"),
+        signature=chase.signature,
+        expect_signature=chase.expect_signature,
+        keep_running=args.keep_running,
+        force=args.force,
+        progress=True,
+        command=sys.argv,
     )
-    trace = Trace.open(args.trace)
-    rows = select(trace, limit=args.limit, sessions=args.sessions, requests=args.requests)
-    trace.verify(rows)  # nothing is sent before the selection reads
-    if not rows:
-        raise UsageError("the selection is empty: nothing to replay")
-    out = prepare_out(args.out, args.force)
-    target, key = target_from(args, out / "server.log", trace.model_of(rows, policy.model))
+    if res.run is not None and res.run.endpoints:
+        from replayer.replay.summary import render
 
-    async def go() -> Any:
-        env = TrialEnv(
-            trace=trace,
-            policy=policy,
-            target=target,
-            watch=watch,
-            reset=options.reset_mode(args.reset),
-            api_key=key,
-            chase=chase,
-        )
-        try:
-            return await env.run(rows, out, progress=True, command=sys.argv)
-        finally:
-            if not args.keep_running:
-                await target.stop()
-
-    res = asyncio.run(go())
-    if res.run is not None and "targets" in res.run.summary:
-        print(render(res.run.summary))
+        print(render(dict(res.run.summary)))
     sig = res.signature
     print(
         f"outcome: {res.outcome.value}"
@@ -200,14 +81,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     if sig is not None:
         print(sig.text)
-    print(f"run directory: {out}")
+    print(f"run directory: {res.out}")
     if res.unexercised:
-        # not "no failure": git bisect must not call this commit good, nor a
-        # reducer keep going on a trace the server never ran
         print(f"replayer check: NOT EXERCISED: {res.unexercised}", file=sys.stderr)
-        return NOT_EXERCISED[args.convention]
-    return exit_code(res.outcome.value, args.convention, args.also_interesting)
-
-
-NOT_EXERCISED = {"bisect": 128, "reduce": 1}
-"""``git bisect run`` aborts on 128..255; a reducer sees "not interesting"."""
+    return res.exit_code(verdict.convention, verdict.also_interesting)

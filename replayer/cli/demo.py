@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shlex
 import socket
 import sys
@@ -79,6 +78,11 @@ def _emulator(fault: str | None) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     import shutil
 
+    from replayer import api
+    from replayer.bisect.stats import describe_rate, fisher_one_sided
+    from replayer.options import BisectOptions, ReplayPolicy, Server, WatchConfig
+    from replayer.replay.summary import render
+
     if args.vllm:
         from replayer.cli.demo_vllm import demo_vllm
 
@@ -86,34 +90,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return demo_vllm(args)
     args.out = args.out or Path("runs/demo")
 
-    from replayer.bisect.pipeline import (
-        Bisect,
-        BisectOptions,
-        Control,
-        fisher_one_sided,
-        run_bisect,
-    )
-    from replayer.bisect.stats import describe_rate
-    from replayer.bisect.trial import TrialEnv
-    from replayer.monitor.watch import WatchConfig
-    from replayer.replay.plan import select
-    from replayer.replay.policy import ReplayPolicy
-    from replayer.replay.summary import render
-    from replayer.target.base import ResetMode
-    from replayer.target.factory import make_target
-    from replayer.trace.reader import Trace
-    from replayer.trace.stats import inspect_trace
-
     t_start = time.monotonic()
     out: Path = args.out
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    trace = Trace.open(args.trace)
-    info = inspect_trace(trace)
-    rows = select(trace)
-    trace.verify(rows)  # nothing is sent before the selection reads
-    model = "moonshotai/Kimi-K3"
+    info = api.inspect(args.trace)
     policy = ReplayPolicy(speed=20.0, request_timeout=60.0)
     watch = WatchConfig(
         health_interval=0.2, scrape_interval=0.5, stall_timeout=20.0, settle=3.0, grace=1.0
@@ -127,69 +109,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     _say(f"   the emulator hides a fault: {args.fault!r}")
     _say("== 2. replay at 20x recorded speed against it")
-
-    async def replay_once() -> Any:
-        target = make_target(launch=faulty, log_path=out / "replay" / "server.log", model=model)
-        env = TrialEnv(trace=trace, policy=policy, target=target, watch=watch)
-        try:
-            return await env.run(rows, out / "replay", progress=True, command=["replayer", "demo"])
-        finally:
-            await target.stop()
-
-    first = asyncio.run(replay_once())
-    if first.run is None or first.failure is None:
+    first = api.replay_sync(
+        args.trace,
+        server=Server(launch=faulty),
+        policy=policy,
+        watch=watch,
+        out=out / "replay",
+        progress=True,
+        command=["replayer", "demo"],
+    )
+    if first.failure is None:
         _say("!! the emulator did not crash: the fault was not reached (unexpected)")
         return 1
-    _say(render(first.run.summary))
-    sig = first.signature
-    _say(f"   caught: {first.failure_class}; signature {sig.hash if sig else '-'}")
+    _say(render(dict(first.summary)))
+    sig = first.failure.signature
+    _say(f"   caught: {first.failure.failure_class}; signature {sig.hash if sig else '-'}")
     if sig is not None:
         _say(f"   {sig.text}")
 
     _say("\n== 3. bisect: a fresh server for every trial, the shortest crashing trace")
     bdir = out / "bisect"
-    target = make_target(launch=faulty, log_path=bdir / "server.log", model=model)
-    env = TrialEnv(
-        trace=trace,
-        policy=policy,
-        target=target,
-        watch=watch,
-        reset=ResetMode.RESTART,
-        pidfile=bdir / "server.pid",
-    )
-    control_target = make_target(
-        launch=_emulator(None), log_path=bdir / "control-server.log", model=model
-    )
-    control = Control(
-        "healthy-emulator",
-        TrialEnv(
-            trace=trace, policy=policy, target=control_target, watch=watch, name="healthy-emulator"
-        ),
-    )
-    bdir.mkdir(parents=True)
-    b = Bisect(
-        trace,
-        rows,
-        env,
+    # five runs: 0/5 is the fewest whose upper bound (45%) clears a 5/5 control's 57%
+    res = api.bisect_sync(
+        args.trace,
+        Server(launch=faulty),
         bdir,
         BisectOptions(calibrate_matches=3, calibrate_runs=5, confirm=5),
-        control=control,
-        facts={"launch": faulty},
+        policy=policy,
+        watch=watch,
+        control=Server(launch=_emulator(None)),
+        control_name="healthy-emulator",
+        vary=["default:no-prefix-caching,no-chunked-prefill"],
+        vary_runs=5,
         say=_say,
     )
-    from replayer.bisect.vary import bisect_hook, make_plan, table, variant_envs
-
-    # five runs: 0/5 is the fewest whose upper bound (45%) clears a 5/5 control's 57%
-    plan = make_plan(["default:no-prefix-caching,no-chunked-prefill"], faulty, runs=5)
-    b.vary = bisect_hook(plan, variant_envs(env, None))
-    res = asyncio.run(run_bisect(b))
     if res.status != "complete" or res.bundle is None:
         _say(f"!! bisect ended {res.status}")
         return 1
-    ids = [trace.column("request_id")[rows[p]] for p in res.best.positions]
     k, n = res.reproduction
     _say("\n== 4. the repro bundle")
-    _say(f"   {len(ids)} of {len(rows)} requests crash the server the same way: " + ", ".join(ids))
+    _say(
+        f"   {len(res.requests)} of {res.selected} requests crash the server the same way: "
+        + ", ".join(res.requests)
+    )
     _say(f"   found in {res.trials} trials; replay {res.best.timing} at {res.best.speed:g}x")
     if res.shrink is not None:
         _say(f"   shrunk inside: {res.shrink['text']}")
@@ -200,16 +162,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"   healthy emulator (control): {describe_rate(*res.control)}; "
             f"p = {pval:.3g} (Fisher exact, one-sided)"
         )
-    if b.variants is not None:
+    if res.variants is not None:
+        from replayer.bisect.vary import table
+
         _say("   what makes it go away (the faulty emulator relaunched per variant):")
-        for line in table(b.variants):
+        for line in table(res.variants):
             _say(f"     {line}")
     _say(f"   bundle: {res.bundle}  (and {res.bundle}.tar.gz)")
     _say(f"   reproduce anywhere: python3 {res.bundle / 'repro.py'} --url http://HOST:PORT")
-    from replayer.analysis.report import write_report
-
     _say("\n== 5. look at it (offline HTML: timeline, server gauges, the bisect search)")
-    _say(f"   {write_report(out / 'replay')}")
-    _say(f"   {write_report(bdir)}")
+    _say(f"   {api.report(out / 'replay')}")
+    _say(f"   {api.report(bdir)}")
     _say(f"\ndemo finished in {time.monotonic() - t_start:.0f} s")
     return 0

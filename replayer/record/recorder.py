@@ -60,6 +60,7 @@ from urllib.parse import urlencode
 
 import orjson
 
+from replayer.options.record import DEFAULT_SESSION_HEADERS
 from replayer.record.redact import Redactor
 from replayer.record.sessions import Assignment, SessionTracker, Units, input_items
 from replayer.trace.schema import Kind
@@ -75,7 +76,6 @@ RESPONSES_PATH = "/v1/responses"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 RECORDED_PATHS = frozenset({CHAT_PATH, TEXT_PATH, MESSAGES_PATH, RESPONSES_PATH})
 _UNITS: dict[str, Units] = {MESSAGES_PATH: "messages", RESPONSES_PATH: "responses"}
-DEFAULT_SESSION_HEADERS = ("X-Session-Id", "X-Session-Affinity", "X-Correlation-ID")
 # Not worth a byte per row: transport framing, hop-by-hop headers (RFC 9110
 # §7.6.1) and what columns already hold.
 _UNSTORED_HEADERS = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -19,27 +19,10 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from replayer._http import out_of_fds
 from replayer.monitor.classify import is_engine_death_message
+from replayer.options.server import Endpoint as Endpoint
 from replayer.replay import http1
 from replayer.replay.results import Result, Status
 from replayer.wire import Api, Reply, SSEDecoder, accumulator, api_for_path, error_message
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where requests go: a server under test by name and base URL (what
-    the CLI calls a ``--target``). Its lifecycle, when replayer runs the
-    server, is :class:`~replayer.target.base.ServerTarget`'s."""
-
-    name: str
-    url: str
-    """Base URL, e.g. ``http://10.0.0.3:8000`` (paths come from the trace)."""
-    api_key: str | None = field(default=None, repr=False)
-
-    def headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
 
 
 class TargetUnreachable(Exception):

@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from replayer import __version__
 from replayer._arrow import read_stream
+from replayer._version import __version__
 
 
 class Status(StrEnum):

@@ -15,18 +15,17 @@ import gc
 import hashlib
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from replayer import __version__
 from replayer._async import spawn
+from replayer._version import __version__
 from replayer.errors import ModelNotServed, UsageError
 from replayer.monitor.watch import ProcessProbe, WatchConfig
 from replayer.replay.client import Endpoint, TargetUnreachable
 from replayer.replay.engine import Replay
+from replayer.replay.files import RUN, SUMMARY
 from replayer.replay.plan import build_plan
 from replayer.replay.policy import ReplayPolicy
 from replayer.replay.progress import Progress
@@ -99,11 +98,14 @@ async def replay_to_dir(
     watch: WatchConfig | None = None,
     processes: dict[str, ProcessProbe] | None = None,
     live: ReplayObserver | None = None,
+    server: dict[str, Any] | None = None,
 ) -> RunOutcome:
     """Replay ``rows`` of ``trace`` into the run directory ``out``.
 
     ``live`` (``--metrics-port``) sees every result as it is written and the
-    replay's state while it runs; without it no metrics code runs."""
+    replay's state while it runs; without it no metrics code runs. ``server``
+    is what run.json records of a server replayer holds (its launch command,
+    secrets masked: ``--from-run`` relaunches it)."""
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
     if policy.token_range is not None:
@@ -141,8 +143,10 @@ async def replay_to_dir(
         "selection": {**(selection or {}), "count": len(rows)},
         "policy": policy.to_dict(),
         "targets": [{"name": t.name, "url": t.url} for t in targets],
-        "watch": asdict(watch) if watch is not None else None,
+        "watch": watch.to_dict() if watch is not None else None,
     }
+    if server is not None:
+        run_info["server"] = server
     # hashing a multi-GB trace takes seconds: do it beside the replay
     hashing = spawn(asyncio.to_thread(sha256_file, trace.path), name="trace-sha256")
     try:
@@ -151,15 +155,15 @@ async def replay_to_dir(
         except TargetUnreachable as exc:
             run_info["unreachable"] = str(exc)
             run_info["trace"]["sha256"] = await hashing
-            _write_json(out / "run.json", run_info)
+            RUN.write(out, run_info)
             summary = {"exit_code": EXIT_UNREACHABLE, "unreachable": str(exc), "targets": {}}
-            _write_json(out / "summary.json", summary)
+            SUMMARY.write(out, summary)
             return RunOutcome(EXIT_UNREACHABLE, summary, out)
         run_info["target_facts"] = {
             n: {"models": f.models, "max_model_len": f.max_model_len} for n, f in facts.items()
         }
         _check_models(trace, rows, policy, replay)
-        _write_json(out / "run.json", run_info)
+        RUN.write(out, run_info)
         if live is not None:
             live.attach(replay)
         stalls = LoopStalls()
@@ -183,7 +187,7 @@ async def replay_to_dir(
             await hashing
     run_info["trace"]["sha256"] = hashing.result()
     run_info["t0_offset_note"] = "result times are microseconds after T0"
-    _write_json(out / "run.json", run_info)
+    RUN.write(out, run_info)
     paths = trace.column("path")
 
     def api_of(r: Result) -> str:
@@ -211,7 +215,7 @@ async def replay_to_dir(
         summary["body_workers"] = workers
     if interrupted:
         summary["interrupted"] = True
-    _write_json(out / "summary.json", summary)
+    SUMMARY.write(out, summary)
     if interrupted:
         raise asyncio.CancelledError
     return RunOutcome(code, summary, out, replay)
@@ -230,9 +234,3 @@ def _hint_rejection(trace: Trace, t: dict[str, Any]) -> None:
         f"blocks requests carry token ids from --token-range {lo}:{hi}; pass a range "
         "inside the model's vocabulary, e.g. --token-range 100:VOCAB_SIZE"
     )
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
-    os.replace(tmp, path)

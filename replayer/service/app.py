@@ -253,7 +253,7 @@ class Service:
         out = str(self.store.out(job))
         if os.path.isfile(out + "/bundle.tar.gz"):
             links["bundle"] = f"{base}/bundle"
-        if os.path.isfile(out + "/report.html") or (job.terminal and hooks.report_writer()):
+        if os.path.isfile(out + "/report.html") or job.terminal:
             links["report"] = f"{base}/report"
         return links
 
@@ -412,6 +412,7 @@ class Service:
             inputs=plan.inputs,
             options=plan.options,
             label=body.get("label"),
+            spec=plan.spec,
         )
         self.store.note(job, "submitted: replayer " + " ".join(redact_argv(plan.argv)))
         self.scheduler.kick()
@@ -511,8 +512,8 @@ class Service:
         out = self.store.out(job)
         report = out / "report.html"
         if not report.is_file():
-            if not job.terminal or hooks.report_writer() is None:
-                return _error(404, "no report for this job (reports come with issue 8)")
+            if not job.terminal:
+                return _error(404, "no report yet: it is written when the job ends")
             if not await asyncio.to_thread(hooks.write_report, out, report):
                 return _error(404, "the report could not be rendered for this job")
         resp = self._serve_file(job, "report.html", attachment=False)

@@ -1,73 +1,38 @@
-"""Where issue 8 (HTML reports, live metrics) plugs into the service.
+"""Reports and live metrics, as the service uses them.
 
-Both are looked up at run time, so the service works before they exist and
-picks them up the moment they land, with no change here beyond the names.
-
-* **Reports.** :func:`report_writer` returns ``write_report(run_dir, out)``
-  when issue 8's module provides it (``REPORT_MODULES``). The worker calls it when a
-  replay or bisect ends (in the job's process, so rendering a 50,000-request
-  report never blocks the API), writing ``JOB/out/report.html``; the API
-  serves that file and renders one on demand, in a thread, for jobs that
-  ended before the hook existed.
-
-  TODO(issue 8): ``replayer.analysis.report.write_report`` is what the work
-  tree holds as this is written; if it moves, only ``REPORT_MODULES`` changes.
-
-* **Live metrics.** Issue 8 gives replay and bisect a ``--metrics-port P``
-  option. :func:`metrics_port_option` finds it in the command's own parser;
-  when it is there, the scheduler gives each running job a loopback port
-  and ``/metrics`` appends the job's live series (labelled ``job_id``) to
-  the service's own (:mod:`replayer.service.metrics`).
+* **Reports.** :func:`write_report` renders ``JOB/out/report.html`` when a
+  replay or bisect ends (in the job's worker process, so rendering a
+  50,000-request report never blocks the API); the API serves that file and
+  renders one on demand, in a thread, for jobs that ended without one.
+* **Live metrics.** Replay and bisect take ``metrics_port``
+  (:func:`takes_metrics_port`): the scheduler gives each running job a
+  loopback port and ``/metrics`` appends the job's live series (labelled
+  ``job_id``) to the service's own (:mod:`replayer.service.metrics`).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger("replayer.service")
 
-ReportWriter = Callable[[Path, Path], Any]
-REPORT_MODULES = (
-    ("replayer.analysis.report", "write_report"),
-    ("replayer.report", "write_report"),
-)
-
-
-@functools.cache
-def report_writer() -> ReportWriter | None:
-    """Issue 8's ``write_report(run_dir, out)``, or None while it does not
-    exist (looked up once per process)."""
-    for module, name in REPORT_MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        fn = getattr(mod, name, None)
-        if callable(fn):
-            return fn  # type: ignore[no-any-return]
-    return None
-
 
 def write_report(run_dir: Path, out: Path) -> bool:
-    """Render ``out`` from ``run_dir`` if a report writer exists; False if not."""
-    writer = report_writer()
-    if writer is None:
-        return False
+    """Render ``out`` from ``run_dir``; False when it could not be written
+    (a report is a courtesy: it never fails a job)."""
+    from replayer.analysis.report import write_report as render
+
     try:
-        writer(run_dir, out)
-    except Exception as exc:  # a report is a courtesy: never fail a job over it
+        render(run_dir, out, force=True)
+    except Exception as exc:
         log.warning("report for %s failed: %s", run_dir, exc)
         return False
     return out.exists()
 
 
-def metrics_port_option(kind: str) -> str | None:
-    """``--metrics-port`` if the job's command takes it (issue 8), else None."""
-    from replayer.options import command_options
+def takes_metrics_port(kind: str) -> bool:
+    """Whether the job's verb serves live metrics (``metrics_port``)."""
+    from replayer.options import options_of
 
-    return "--metrics-port" if "metrics_port" in command_options(kind) else None
+    return "metrics_port" in options_of(kind)

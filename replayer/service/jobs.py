@@ -87,7 +87,8 @@ class Job:
     id: str
     kind: str
     argv: list[str]
-    """``replayer`` argv (after the program name) the worker runs."""
+    """The equivalent ``replayer`` command line (after the program name):
+    what a person would type; a job queued before specs existed runs it."""
     targets: list[str]
     inputs: dict[str, str]
     options: dict[str, Any]
@@ -106,6 +107,8 @@ class Job:
     result: dict[str, Any] | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     """Transitions: ``{"at": time, "state": ..., "note": ...}``."""
+    spec: dict[str, Any] | None = None
+    """What the worker runs (:class:`~replayer.service.specs.JobPlan.spec`)."""
 
     @property
     def terminal(self) -> bool:
@@ -207,8 +210,9 @@ class JobStore:
         inputs: dict[str, str],
         options: dict[str, Any],
         label: str | None = None,
+        spec: dict[str, Any] | None = None,
     ) -> Job:
-        job = Job(job_id, kind, argv, targets, inputs, options, label)
+        job = Job(job_id, kind, argv, targets, inputs, options, label, spec=spec)
         job.events.append({"at": job.created_at, "state": job.state.value, "note": "submitted"})
         d = self.dir(job)
         d.mkdir(mode=0o750)

@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from replayer import __version__
+from replayer._version import __version__
 from replayer.service.jobs import JobState
 
 API_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)

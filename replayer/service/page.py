@@ -11,7 +11,7 @@ import html
 import time
 from collections.abc import Callable, Sequence
 
-from replayer import __version__
+from replayer._version import __version__
 from replayer.service.jobs import Job
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"

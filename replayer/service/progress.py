@@ -15,6 +15,7 @@ poll), the manifest only when its mtime changes, and logs only as a tail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from replayer._runfile import RunFileError
+from replayer.bisect.files import check_event
+from replayer.bundle.files import MANIFEST
+from replayer.replay.files import read_summary
 
 TAIL_BYTES = 16 << 10
 _REPLAY_LINE = re.compile(
@@ -52,6 +58,8 @@ class _Journal:
     last: dict[str, Any] | None = None
     verdicts: int = 0
     ino: int | None = None
+    error: str | None = None
+    """The journal is one this replayer cannot read (a newer format)."""
 
 
 class ProgressReader:
@@ -81,7 +89,11 @@ class ProgressReader:
         for line in lines:
             try:
                 e = orjson.loads(line)
+                check_event(e, path)
             except orjson.JSONDecodeError:
+                continue
+            except RunFileError as exc:
+                j.error = str(exc)
                 continue
             if e.get("event") == "trial":
                 rec = e.get("record", {})
@@ -108,11 +120,8 @@ class ProgressReader:
         if cached is not None and cached[0] == mtime:
             return cached[1]
         data: dict[str, Any] | None = None
-        try:
-            loaded = orjson.loads(path.read_bytes())
-            data = loaded if isinstance(loaded, dict) else None
-        except (OSError, orjson.JSONDecodeError):
-            pass
+        with contextlib.suppress(RunFileError):
+            data = MANIFEST.load(path.parent)
         self._manifests[path] = (mtime, data)
         return data
 
@@ -188,8 +197,8 @@ def result_of(kind: str, out: Path, log_path: Path) -> dict[str, Any] | None:
     """The compact result shown with a finished job."""
     if kind == "bisect":
         try:
-            m = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
-        except (OSError, orjson.JSONDecodeError):
+            m = MANIFEST.load(out / "bundle")
+        except RunFileError:
             return None
         sig = m.get("signature") or {}
         return {
@@ -203,8 +212,10 @@ def result_of(kind: str, out: Path, log_path: Path) -> dict[str, Any] | None:
         }
     if kind == "replay":
         try:
-            s = orjson.loads((out / "summary.json").read_bytes())
-        except (OSError, orjson.JSONDecodeError):
+            s = read_summary(out)
+        except RunFileError:
+            return None
+        if s is None:
             return None
         targets = {}
         for name, t in (s.get("targets") or {}).items():

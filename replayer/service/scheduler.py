@@ -31,12 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from replayer._async import spawn, wait_event
-from replayer.bisect.trial import reap_orphan
 from replayer.service.jobs import Job, JobState, JobStore
 from replayer.service.progress import OUTCOMES, ProgressReader, last_error_line, result_of
+from replayer.session import reap_orphan
 
 log = logging.getLogger("replayer.service")
 
@@ -178,7 +176,7 @@ class Scheduler:
 
     async def _run_worker(self, job: Job) -> None:
         d = self.store.dir(job)
-        from replayer.service.hooks import metrics_port_option
+        from replayer.service.hooks import takes_metrics_port
 
         if job.state is not JobState.QUEUED:
             return  # cancelled between being picked and starting
@@ -191,10 +189,9 @@ class Scheduler:
             "REPLAYER_WORKER_STOP_GRACE": f"{max(1.0, self.cancel_grace * 2 / 3):g}",
         }
         port = None
-        opt = metrics_port_option(job.kind)
-        if opt is not None:  # issue 8's live metrics: a port per attempt, not in state.json
+        if takes_metrics_port(job.kind):  # live metrics: a port per attempt, not in state.json
             port = _free_port()
-            env["REPLAYER_WORKER_EXTRA_ARGV"] = orjson.dumps([f"{opt}={port}"]).decode()
+            env["REPLAYER_WORKER_METRICS_PORT"] = str(port)
         self.store.update(
             job,
             state=JobState.RUNNING,
@@ -334,9 +331,12 @@ class Scheduler:
 
     def _requeue_bisect(self, job: Job, out: Path) -> None:
         argv = list(job.argv)
+        spec = dict(job.spec) if job.spec is not None else None
         if (out / "journal.jsonl").exists():
             if "--resume" not in argv:
                 argv.insert(len(argv) - 1, "--resume")  # before --out, which stays last
+            if spec is not None:
+                spec["resume"] = True
             note = "serve restarted: the bisect resumes from its journal"
         else:
             # no trial finished: start over, keeping what the first attempt left
@@ -344,7 +344,9 @@ class Scheduler:
                 out.rename(out.with_name(f"out.attempt-{job.attempts}"))
             note = "serve restarted before the first trial finished: the bisect starts over"
         self.store.note(job, note)
-        self.store.update(job, state=JobState.QUEUED, argv=argv, worker_pid=None, note=note)
+        self.store.update(
+            job, state=JobState.QUEUED, argv=argv, spec=spec, worker_pid=None, note=note
+        )
         self.progress.forget(out)
 
     # -- shutdown -------------------------------------------------------------------

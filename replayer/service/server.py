@@ -17,6 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from replayer.errors import UsageError
+from replayer.options.service import ServeOptions
 from replayer.service.app import ServeConfig, Service
 
 
@@ -85,3 +87,30 @@ async def serve(
         print("replayer serve: stopping", file=sys.stderr, flush=True)
         await runner.cleanup()
     return 0
+
+
+def run(options: ServeOptions) -> int:
+    """Run the service the declared options describe until SIGTERM/SIGINT."""
+    from replayer.service.auth import load_token
+    from replayer.service.config import load_targets
+
+    assert options.data is not None
+    data = Path(options.data)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--data {data}: cannot create: {exc.strerror}") from None
+    targets = load_targets(Path(options.targets) if options.targets else None)
+    token, source = load_token(
+        Path(options.token_file) if options.token_file else None, data, options.host
+    )
+    cfg = ServeConfig(
+        data=data.resolve(),
+        token=token,
+        targets=targets,
+        max_concurrent=options.max_concurrent_jobs,
+        max_upload_bytes=options.max_upload,
+        cancel_grace=options.cancel_grace,
+    )
+    port_file = Path(options.port_file) if options.port_file else None
+    return asyncio.run(serve(cfg, options.host, options.port, port_file=port_file, source=source))

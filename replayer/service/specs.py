@@ -1,12 +1,14 @@
-"""From a job request (JSON) to the exact ``replayer`` argv that runs it.
+"""From a job request (JSON) to the job the worker runs: a typed spec.
 
 A job takes "the same options as the CLI": ``options`` is an object of
 parameter names (``"max_inflight"``, or the flag's ``"max-inflight"``) to
-values, checked against the options layer's tables
-(:mod:`replayer.options`, the ones the CLI's parsers are made of) and built
-into the same validated objects before the job is queued; a job then runs
-exactly what ``replayer`` would. Values become ``--option=value`` tokens
-(never a bare token, so no value can become an option or a positional);
+values, checked against the declared options (:mod:`replayer.options`, the
+ones the CLI's flags are generated from) and built into the same validated
+objects before the job is queued. The worker (:mod:`replayer.cli.worker`)
+builds those objects again from the spec and calls the same
+:mod:`replayer.api` verb the command line does: defaults, validation, exit
+codes and ``--resume`` are the command's. The equivalent command line is
+kept beside the spec for people (launch commands hidden when shown);
 flags take ``true``/``false``; repeatable options a list. Only exact names
 count (no prefix matching).
 
@@ -31,7 +33,7 @@ from typing import Any
 
 from replayer import options
 from replayer.errors import OptionError, ReplayerError, UsageError
-from replayer.options import Opt
+from replayer.options import Spec
 from replayer.service.config import TargetConfig, Targets
 
 KINDS = ("replay", "bisect", "verify")
@@ -88,12 +90,14 @@ def launch_keys_in(obj: object, path: str = "") -> Iterator[str]:
 PREFIX = {"replay": ("replay",), "bisect": ("bisect",), "verify": ("bundle", "verify")}
 
 
-def _lookup(kind: str) -> dict[str, Opt]:
+def _lookup(kind: str) -> dict[str, Spec]:
     """A job kind's options by parameter name and by the flag's name."""
-    out: dict[str, Opt] = {}
-    for o in options.command_options(kind).values():
+    out: dict[str, Spec] = {}
+    for o in options.options_of(kind).values():
         out[o.name] = o
         out.setdefault(_norm(o.spelling[2:]), o)
+        for alias in o.meta.aliases:
+            out.setdefault(_norm(alias.lstrip("-")), o)
     return out
 
 
@@ -137,12 +141,10 @@ def option_values(kind: str, given: object) -> tuple[list[str], dict[str, Any]]:
             text = str(v)
             if "\n" in text or "\x00" in text:
                 raise SpecError(f"options.{key}: newlines and NULs are not allowed")
-            if opt.choices and text not in opt.choices:
-                raise SpecError(f"options.{key}: {text!r}: want one of {', '.join(opt.choices)}")
             try:
-                typed.append(opt.type(text) if opt.type is not None else text)
-            except ValueError as exc:
-                raise SpecError(f"options.{key}: {exc}") from None
+                typed.append(opt.parse(text) if isinstance(v, str) else v)
+            except OptionError as exc:
+                raise SpecError(f"options.{key}: {exc.problem}") from None
             argv.append(f"{opt.spelling}={text}")
         values[opt.name] = typed if opt.repeat else typed[0]
     return argv, values
@@ -202,16 +204,20 @@ def _replay_targets_argv(targets: list[TargetConfig]) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class JobPlan:
-    """A validated job: what it is, what it uses, and the argv that runs it."""
+    """A validated job: what it is, what it uses, and what the worker runs."""
 
     kind: str
     argv: list[str]
-    """Everything after ``replayer`` (the subcommand first, ``--out`` last)."""
+    """The equivalent command line, everything after ``replayer`` (the
+    subcommand first, ``--out`` last): what a person would type."""
     targets: tuple[str, ...]
     """Configured targets it holds while running (no two jobs share one)."""
     inputs: dict[str, str]
     """The confined input paths, relative to DIR (for the listing)."""
     options: dict[str, Any]
+    spec: dict[str, Any]
+    """What the worker runs (:func:`replayer.cli.worker.run_spec`): the kind,
+    the input, the output, the configured servers and the option values."""
 
 
 def _names(value: object, what: str) -> list[str]:
@@ -264,7 +270,34 @@ def plan_job(
         raise SpecError(f"options.{exc.param}: {exc.problem}") from None
     except ReplayerError as exc:
         raise SpecError(str(exc)) from None
-    return JobPlan(kind, [*PREFIX[kind], *argv], tuple(used), inputs, dict(opts))
+    confs = [targets.get(n) for n in used]
+    spec = {
+        "kind": kind,
+        "input": argv[0],
+        "out": str(out),
+        "servers": [_conf(c) for c in confs[:1] if kind != "replay"],
+        "endpoints": [_conf(c) for c in confs] if kind == "replay" else [],
+        "control": _conf(confs[1]) if kind == "bisect" and len(confs) > 1 else None,
+        "options": values,
+        "resume": False,
+        "command": redact_argv([*PREFIX[kind], *argv]),
+    }
+    return JobPlan(kind, [*PREFIX[kind], *argv], tuple(used), inputs, dict(opts), spec)
+
+
+def _conf(t: TargetConfig) -> dict[str, Any]:
+    """A configured target as the worker rebuilds it (no key: its variable's name)."""
+    return {
+        "name": t.name,
+        "url": t.url,
+        "launch": t.launch,
+        "restart_cmd": t.restart_cmd,
+        "log_cmd": t.log_cmd,
+        "api_key_env": t.api_key_env,
+        "ready_timeout": t.ready_timeout,
+        "reset": t.reset,
+        "scrape": list(t.scrape),
+    }
 
 
 def _plan(
@@ -317,18 +350,14 @@ def _plan(
 
 
 def _semantic_checks(kind: str, values: Mapping[str, Any]) -> None:
-    """The options layer's checks that need no file or server, before queueing
-    (the worker runs the real command, which checks everything again)."""
-    if kind in ("replay", "bisect"):
-        options.replay_policy(values)
-        options.selection(values)
-    watch = options.watch_config(values)
-    if kind != "replay" and watch is None:
+    """Every value object the job's verb takes, built from its values: the
+    checks that need no file or server, before queueing (the worker builds
+    them again)."""
+    for cls in options.VERBS[kind]:
+        if cls not in (options.Server, options.Targets, options.ControlOptions):
+            options.build(cls, values, kind)
+    if kind != "replay" and not options.build(options.WatchConfig, values, kind).enabled:
         raise UsageError(f"{kind} classifies every run: it needs the monitor (no_monitor)")
-    if kind == "bisect":
-        options.bisect_options(values)
-    if kind == "verify" and values.get("runs", 1) < 1:
-        raise OptionError("runs", "must be at least 1")
 
 
 def redact_argv(argv: list[str]) -> list[str]:

@@ -33,7 +33,6 @@ import logging
 import signal as _signal
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +42,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from replayer._clock import REAL, Clock
 from replayer.errors import LaunchError, ModelNotServed, OptionError, TargetError
 from replayer.monitor.logs import last_launch
+from replayer.options.server import ResetMode as ResetMode
 from replayer.target.facts import ServerFacts, gather_facts
 
 log = logging.getLogger("replayer.target")
@@ -54,20 +54,12 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
 PREFIX_RESET_TRIES = 5
 
 
-class ResetMode(StrEnum):
-    """``--reset``: how state is cleared between trials when the server survived."""
-
-    PREFIX_CACHE = "prefix-cache"
-    RESTART = "restart"
-    NONE = "none"
-
-
 def reset_mode(value: str | ResetMode) -> ResetMode:
     try:
         return ResetMode(value)
     except ValueError:
         have = ", ".join(m.value for m in ResetMode)
-        raise OptionError("reset", f"{value!r}: expected one of {have}") from None
+        raise OptionError("reset", f"{value!r}: want one of {have}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,7 @@ def convert(
     order (row numbers hold), same bodies, ids, timing, outcomes and delta
     bases, fresh digests; provenance kept, with a ``converted`` record.
     Returns (rows, batches) written."""
-    from replayer import __version__
+    from replayer._version import __version__
     from replayer.trace.writer import TraceMeta, TraceWriter
 
     prov: dict[str, Any] = dict(trace.provenance)

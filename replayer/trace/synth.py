@@ -23,13 +23,12 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from replayer.errors import OptionError
+from replayer.options.trace import SynthOptions as SynthOptions
 from replayer.trace.schema import Kind
 from replayer.trace.tokens import approx_item_tokens, approx_message_tokens, approx_text_tokens
 from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
@@ -45,43 +44,6 @@ layer batch queue schedule worker engine device stack trace index offset length 
 import class def self none true false if else while yield async await raise except
 path dir src lib include struct int float bool string list dict map set key hash
 """.split()
-
-
-@dataclass(frozen=True)
-class SynthOptions:
-    sessions: int = 8
-    turns: int = 12
-    context: int = 32_000
-    system_tokens: int = 2_000
-    tools: int = 12
-    reply_tokens: int = 120
-    max_tokens: int = 1_024
-    payload: str = "chat"
-    api: str = "chat"
-    """chat payloads as ``chat`` (completions), ``messages`` or ``responses``."""
-    block_size: int = 64
-    rate: float = 0.5
-    think: float = 5.0
-    seed: int = 0
-    model: str = "replayer-synth"
-    pool_chars: int = 1 << 22
-
-    def roomy(self) -> bool:
-        """Whether ``context`` leaves the turns room to grow (else every turn
-        is clamped to it: fine for tests, surprising from the CLI)."""
-        return self.context > self.system_tokens + (self.reply_tokens + 80) * self.turns + 300
-
-    def __post_init__(self) -> None:
-        if self.sessions < 1:
-            raise OptionError("sessions", "must be at least 1")
-        if self.turns < 1:
-            raise OptionError("turns", "must be at least 1")
-        if self.block_size < 1:
-            raise OptionError("block_size", "must be positive")
-        if self.api not in APIS:
-            raise OptionError("api", f"{self.api!r}: expected one of {', '.join(APIS)}")
-        if self.api != "chat" and self.payload != "chat":
-            raise OptionError("api", f"{self.api} needs chat payloads (blocks are completions)")
 
 
 class _Text:
@@ -397,7 +359,7 @@ def _dumps(message: dict[str, Any]) -> str:
 
 
 def write_trace(path: Path, o: SynthOptions) -> int:
-    meta = TraceMeta(source="synth", details={"options": asdict(o)})
+    meta = TraceMeta(source="synth", details={"options": o.to_dict()})
     with TraceWriter(path, meta, form="file") as w:
         for rec in sessions(o):
             w.add(rec)

@@ -28,7 +28,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from replayer import __version__
+from replayer._version import __version__
 from replayer.errors import TraceError
 from replayer.trace import content as cx
 from replayer.trace.integrity import batch_metadata

@@ -13,9 +13,9 @@ import orjson
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
 from replayer.bisect.runner import FunctionRunner, Observation, Trial
-from replayer.bisect.trial import Chase
 from replayer.monitor.signature import Signature, signature_from_log
 from replayer.replay.plan import select
+from replayer.session import Chase
 from tests.bisect.test_runner import write_trace
 from tests.monitor.test_signature import ROCM_FAULT, ROCM_HIP
 

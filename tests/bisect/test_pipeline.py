@@ -18,12 +18,11 @@ import pytest
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
 from replayer.bisect.stats import rate_dict
-from replayer.bisect.trial import TrialEnv
 from replayer.monitor.watch import WatchConfig
+from replayer.options import Server
 from replayer.replay.plan import select
 from replayer.replay.policy import Order, ReplayPolicy, Timing
-from replayer.target.base import ResetMode
-from replayer.target.factory import make_target
+from replayer.session import Session
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, write_trace
 
@@ -68,17 +67,13 @@ async def bisect(
     watch=WATCH,
 ):  # fmt: skip
     rows = select(trace)
-    target = make_target(
-        launch=emulator_cmd(*faults, extra=extra),
-        log_path=tmp_path / "bisect" / "server.log",
-        model=MODEL,
-    )
-    env = TrialEnv(
-        trace=trace,
+    env = Session.open(
+        trace,
+        rows=rows,
         policy=ReplayPolicy(timing=timing, order=order),
-        target=target,
         watch=watch,
-        reset=ResetMode.RESTART,
+        server=Server(launch=emulator_cmd(*faults, extra=extra)),
+        logs=tmp_path / "bisect",
     )
     b = Bisect(trace, rows, env, tmp_path / "bisect", opts, say=lambda m: None)
     res = await run_bisect(b)
@@ -268,13 +263,14 @@ async def test_shrink_finds_the_prompt_threshold_keeps_the_cache_hit_and_the_bun
     opts = BisectOptions(stages=("calibrate", "shrink"), calibrate_matches=1, confirm=2)
     rows = select(t, requests=",".join(pair))
     out = tmp_path / "bisect"
-    env = TrialEnv(
-        trace=t,
+    env = Session.open(
+        t,
+        rows=rows,
         # one request at a time: a turn is in the cache before the next is sent
         policy=ReplayPolicy(timing=Timing.ASAP, max_inflight=1),
-        target=make_target(launch=emulator_cmd(fault), log_path=out / "server.log", model=MODEL),
         watch=WATCH,
-        reset=ResetMode.RESTART,
+        server=Server(launch=emulator_cmd(fault)),
+        logs=out,
     )
     b = Bisect(t, rows, env, out, opts, say=lambda m: None)
     res = await run_bisect(b)
@@ -321,13 +317,10 @@ async def test_a_flaky_crash_bundle_crashes_fresh_servers_at_its_reported_rate(
          "100", "--port", str(free_port()), "--speed", "instant", "--fault", fault]
     )  # fmt: skip
     out = tmp_path / "bisect"
-    env = TrialEnv(
-        trace=t,
-        policy=ReplayPolicy(timing=Timing.ASAP),
-        target=make_target(launch=launch, log_path=out / "server.log", model=MODEL),
-        watch=WATCH,
-        reset=ResetMode.RESTART,
-    )
+    env = Session.open(
+        t, policy=ReplayPolicy(timing=Timing.ASAP), watch=WATCH, server=Server(launch=launch),
+        logs=out,
+    )  # fmt: skip
     opts = BisectOptions(
         stages=("calibrate", "cut", "prefix"), calibrate_matches=5, calibrate_runs=12, confirm=10
     )

@@ -24,10 +24,10 @@ import pytest
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, Control, run_bisect
 from replayer.bisect.runner import FunctionRunner, Observation, Trial
-from replayer.bisect.trial import NotExercised
 from replayer.bundle.export import bug_line
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
+from replayer.session import NotExercised
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 
 SESSIONS, TURNS = 6, 5

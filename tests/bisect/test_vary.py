@@ -15,11 +15,11 @@ from replayer.bisect import vary
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
 from replayer.bisect.runner import FunctionRunner
-from replayer.bisect.trial import Chase, TrialResult
 from replayer.bisect.vary import Launch, Variant, apply, default_variants, load_file, make_plan
 from replayer.emulator.faults import ENV_DEFAULTS
 from replayer.errors import UsageError
 from replayer.replay.plan import select
+from replayer.session import TrialResult
 from replayer.target.process import split_command
 from replayer.trace import Trace
 from replayer.trace.synth import SynthOptions, write_trace
@@ -403,46 +403,42 @@ def test_readings():
 
 
 @dataclass
-class FakeTarget:
+class FakeSlot:
+    """A variant's server: crashes unless the launch has prefix caching off;
+    fails to launch when it has ``--bad``."""
+
+    cmd: str
+    runs: list[Path] = field(default_factory=list)
     stops: int = 0
 
     async def stop(self):
         self.stops += 1
 
 
-@dataclass
-class FakeEnv:
-    """Crashes unless the launch has prefix caching off; fails to launch
-    when it has ``--bad``."""
+class FakeSession:
+    """What ``run_plan`` asks of a session: a slot per variant, trials on it."""
 
-    cmd: str
-    runs: list[Path] = field(default_factory=list)
-    target: FakeTarget = field(default_factory=FakeTarget)
-    chase: Chase = field(default_factory=Chase)
+    def __init__(self):
+        self.envs: list[FakeSlot] = []
 
-    async def run(self, rows, out, policy=None, trace=None):
-        self.runs.append(out)
-        if "--bad" in self.cmd:
+    def variant(self, cmd, log_path):
+        self.envs.append(FakeSlot(cmd))
+        return self.envs[-1]
+
+    async def trial(self, out, *, rows, slot, policy=None, trace=None, chase=None):
+        slot.runs.append(out)
+        if "--bad" in slot.cmd:
             return TrialResult(Outcome.INFRA, None, message="cannot launch: --bad")
-        if "--no-enable-prefix-caching" in self.cmd:
+        if "--no-enable-prefix-caching" in slot.cmd:
             return TrialResult(Outcome.PASS, None)
         return TrialResult(Outcome.MATCH, None, failure_class="process_exit")
-
-
-class Factory:
-    def __init__(self):
-        self.envs: list[FakeEnv] = []
-
-    def __call__(self, cmd, log_path):
-        self.envs.append(FakeEnv(cmd))
-        return self.envs[-1]
 
 
 async def test_run_plan_runs_the_control_and_each_variant_and_resumes(tmp_path):
     p = tmp_path / "v.toml"
     p.write_text("[[variant]]\nname = 'broken'\nadd = ['--bad']\n")
     plan = make_plan([str(p), "default:no-prefix-caching,enforce-eager"], VLLM, 3, environ={})
-    f = Factory()
+    f = FakeSession()
     report = await vary.run_plan(plan, [0, 1], tmp_path / "v", f, key="k", say=lambda m: None)
     assert [e.cmd for e in f.envs] == [
         VLLM,
@@ -453,7 +449,7 @@ async def test_run_plan_runs_the_control_and_each_variant_and_resumes(tmp_path):
     # two failed launches: given up; enforce-eager's first crash settled it
     # (1/3's upper bound, 79%, could not fall below 3/3's lower bound, 44%)
     assert [len(e.runs) for e in f.envs] == [3, 2, 3, 1]
-    assert all(e.target.stops == 1 for e in f.envs)
+    assert all(e.stops == 1 for e in f.envs)
     assert report["control"]["source"] == "vary"
     got = [(r["name"], r["crashes"], r["runs"], r["verdict"]) for r in report["variants"]]
     assert got == [
@@ -465,13 +461,13 @@ async def test_run_plan_runs_the_control_and_each_variant_and_resumes(tmp_path):
     assert report["variants"][0]["error"] == "cannot launch: --bad"
     # a second run of the same plan reads the journal: only the given-up
     # variant launches again (for its one missing run)
-    again = Factory()
+    again = FakeSession()
     second = await vary.run_plan(plan, [0, 1], tmp_path / "v", again, key="k")
     assert [(e.cmd, len(e.runs)) for e in again.envs] == [(VLLM + " --bad", 1)]
     assert second["control"] == report["control"]
     assert second["variants"][1:] == report["variants"][1:]
     # another candidate (key) does not reuse them
-    other = Factory()
+    other = FakeSession()
     await vary.run_plan(plan, [0], tmp_path / "v", other, key="k2")
     assert len(other.envs) == 4
 
@@ -486,7 +482,7 @@ async def test_the_bisect_hook_fills_the_manifest_and_opens_the_readme(tmp_path)
     opts = BisectOptions(calibrate_matches=1, calibrate_runs=2, confirm=5)
     b = Bisect(trace, rows, runner, tmp_path / "b", opts, say=lambda m: None)
     plan = make_plan(["default:no-prefix-caching,no-speculative-decoding"], VLLM, 5, environ={})
-    f = Factory()
+    f = FakeSession()
     b.vary = vary.bisect_hook(plan, f)
     res = await run_bisect(b)
     assert res.status == "complete"
@@ -503,7 +499,10 @@ async def test_the_bisect_hook_fills_the_manifest_and_opens_the_readme(tmp_path)
         ("no-speculative-decoding", "skipped"),
     ]
     assert v["reading"] == "needs a prefix-cache hit; 1 skipped"
-    assert orjson.loads((tmp_path / "b" / "variants.json").read_bytes()) == v
+    assert orjson.loads((tmp_path / "b" / "variants.json").read_bytes()) == {
+        "format_version": 1,
+        **v,
+    }
     readme = (tmp_path / "b" / "bundle" / "README.md").read_text().splitlines()
     assert readme[:10] == [
         readme[0],

@@ -301,9 +301,9 @@ def test_restart_writes_a_segment_and_merge_relinks_sessions(emulator_factory, r
     "extra,fragment",
     [
         (["--upstream", "ftp://x"], "--upstream wants http://"),
-        (["--upstream", "http://x", "--redact", "("], "--redact: bad regular expression"),
+        (["--upstream", "http://x", "--redact", "("], "--redact bad regular expression"),
         (["--upstream", "http://x", "--listen", "here"], "--listen wants HOST:PORT"),
-        (["--upstream", "http://x", "--flush-interval", "0"], "--flush-interval must be > 0"),
+        (["--upstream", "http://x", "--flush-interval", "0"], "--flush-interval must be positive"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys, extra, fragment):

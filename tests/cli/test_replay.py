@@ -100,7 +100,7 @@ def test_unreachable_is_3(tmp_path):
 
 
 def test_usage_errors_are_2(tmp_path):
-    assert_one_line_error(run("replay", SAMPLE), "no target")
+    assert_one_line_error(run("replay", SAMPLE), "--target is missing")
     assert_one_line_error(
         run("replay", SAMPLE, "--target", "localhost:8000"), "must start with http://"
     )

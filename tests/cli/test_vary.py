@@ -91,7 +91,7 @@ def test_vary_usage_errors(tmp_path):
     verify = ["bundle", "verify", b, "--out", tmp_path / "v"]
     assert_one_line_error(
         run(*verify, "--target", "http://127.0.0.1:1", "--vary", "default"),
-        "--vary relaunches the server with each variant: give --launch CMD",
+        "--vary relaunches the server with each variant: give --launch",
     )
     assert_one_line_error(
         run(*verify, "--launch", emulator(), "--vary", bad),

@@ -1,0 +1,75 @@
+"""A bisect directory's own files, each through one declaration: the journal
+(``journal.jsonl``: one event a line, trials fsynced before the search moves
+on) and the ``--vary`` report (``variants.json``).
+
+The journal opens with a ``format`` event naming its version; a journal
+from a newer replayer is refused before any trial is resumed from it (its
+events might mean something else), one from before versions (no ``format``
+line) is version 0, the same events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replayer._runfile import JsonFile, RunFileError
+from replayer._version import __version__
+
+JOURNAL_NAME = "journal.jsonl"
+JOURNAL_VERSION = 1
+"""Version 1: the ``format`` event first; the events themselves as version 0."""
+
+VARIANTS = JsonFile("variants.json", 1, "a vary report")
+"""Version 1 is the first stamped (earlier reports, the same shape, are 0)."""
+
+
+def journal_header() -> dict[str, Any]:
+    """The first event of a new journal."""
+    return {"event": "format", "format_version": JOURNAL_VERSION, "replayer": __version__}
+
+
+def check_event(e: Mapping[str, Any], where: Path) -> None:
+    """Refuse a journal a newer replayer wrote (at its ``format`` event)."""
+    if e.get("event") != "format":
+        return
+    v = e.get("format_version")
+    if not isinstance(v, int) or v > JOURNAL_VERSION:
+        raise RunFileError(
+            f"{where}: written by a newer replayer (journal version {v}; this one reads up "
+            f"to {JOURNAL_VERSION}): upgrade replayer to resume or read it"
+        )
+
+
+def journal_events(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(byte offset after the event, event) for every whole event of a journal;
+    stops at a torn last line (a killed bisect's), which callers may cut."""
+    at = 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        try:
+            e = orjson.loads(line) if line.strip() else {}
+        except orjson.JSONDecodeError:
+            return
+        at += len(line)
+        if isinstance(e, dict):
+            check_event(e, path)
+            yield at, e
+
+
+def journal_trials(path: Path) -> list[dict[str, Any]]:
+    """Every trial record of a journal, as the report and the service list them."""
+    out = []
+    for _, e in journal_events(path):
+        if e.get("event") == "trial":
+            out.append({**e["record"], "timing": e.get("timing"), "speed": e.get("speed")})
+    return out
+
+
+def read_variants(path: Path) -> dict[str, Any]:
+    """A ``variants.json`` report at the current version."""
+    if not VARIANTS.exists(path):
+        raise RunFileError(f"{path}: holds no {VARIANTS.name}")
+    return VARIANTS.load(path)
