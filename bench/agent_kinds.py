@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from replayer.trace.model import TraceMeta
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
 from replayer.trace.synth import APIS, SynthOptions, write_trace
-from replayer.trace.writer import TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 TARGET = 50.0
 REPO = Path(__file__).resolve().parents[1]

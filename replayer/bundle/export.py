@@ -32,9 +32,9 @@ import orjson
 
 from replayer import __version__
 from replayer.trace.export import jsonl_lines
+from replayer.trace.model import RequestRecord
 from replayer.trace.reader import Trace
 from replayer.trace.subset import write_subset
-from replayer.trace.writer import RequestRecord
 
 BUNDLE_FORMAT_VERSION = 1
 REPRO_SOURCE = Path(__file__).with_name("repro.py")

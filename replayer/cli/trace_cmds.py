@@ -185,7 +185,8 @@ def _synth_options(args: argparse.Namespace) -> Any:
 def cmd_import(args: argparse.Namespace) -> int:
     from replayer._files import atomic_output
     from replayer.trace.importers import details, load
-    from replayer.trace.writer import TraceMeta, TraceWriter
+    from replayer.trace.model import TraceMeta
+    from replayer.trace.writer import TraceWriter
 
     mod = load(args.importer)
     for src in args.sources:

@@ -113,7 +113,8 @@ def convert(
     bases, fresh digests; provenance kept, with a ``converted`` record.
     Returns (rows, batches) written."""
     from replayer import __version__
-    from replayer.trace.writer import TraceMeta, TraceWriter
+    from replayer.trace.model import TraceMeta
+    from replayer.trace.writer import TraceWriter
 
     prov: dict[str, Any] = dict(trace.provenance)
     source = str(prov.pop("source", "unknown"))

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import orjson
 import pyarrow as pa
@@ -43,6 +43,7 @@ from replayer.errors import TraceCorruptError, TraceError
 from replayer.trace import compat, integrity
 from replayer.trace import content as cx
 from replayer.trace.integrity import VerifyReport, batch_where, corrupt, short
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import (
     FORMAT_NAME,
     HEAVY_COLUMNS,
@@ -55,9 +56,6 @@ from replayer.trace.schema import (
     Kind,
 )
 from replayer.trace.tokens import BlockPrompts, PromptKey, TokenSpace
-
-if TYPE_CHECKING:
-    from replayer.trace.writer import RequestRecord
 
 log = logging.getLogger("replayer.trace")
 
@@ -615,8 +613,6 @@ class Trace:
     def record(self, row: int, content: Any = None) -> RequestRecord:
         """The row as a :class:`RequestRecord`, to write it into another trace
         (a subset, a merge): same body, ids, timing and recorded outcome."""
-        from replayer.trace.writer import RequestRecord
-
         c = self.column
         kind = Kind(c("kind")[row])
         out = self.outcome(row)
