@@ -280,7 +280,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from replayer._files import atomic_output
-    from replayer.trace.compat import convert
+    from replayer.trace.convert import convert
     from replayer.trace.reader import Trace
     from replayer.trace.schema import TRACE_SCHEMA_VERSION
 

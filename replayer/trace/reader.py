@@ -9,9 +9,10 @@ A stream whose writer was killed ends in a torn message; the reader keeps
 every complete batch, drops the tail and says so (``Trace.torn_tail``, and a
 warning on the ``replayer.trace`` logger). An IPC file whose footer was never
 written is read the same way. Anything else wrong with the bytes is damage
-(:class:`~replayer.errors.TraceCorruptError`, see :mod:`replayer.trace.integrity`):
+(:class:`~replayer.errors.TraceCorruptError`, see :mod:`replayer.trace.digests`):
 the index is checked at open, each content batch when decoded, and
-:meth:`Trace.verify` reads a selection up front. Older schema versions are
+:meth:`Trace.verify` reads a selection up front (:mod:`replayer.trace.verify`,
+through this module's public methods only). Older schema versions are
 migrated on the fly (:mod:`replayer.trace.compat`).
 
 Reconstruction walks the delta chain backwards taking only the units each
@@ -40,9 +41,26 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from replayer.errors import TraceCorruptError, TraceError
-from replayer.trace import compat, integrity
+from replayer.trace import compat
 from replayer.trace import content as cx
-from replayer.trace.integrity import VerifyReport, batch_where, corrupt, short
+from replayer.trace import verify as verification
+from replayer.trace.digests import (
+    Stored,
+    batch_where,
+    check_columns,
+    corrupt,
+    schema_digest,
+    short,
+    stored,
+)
+from replayer.trace.framing import (
+    EOS,
+    batch_length,
+    check_footer,
+    check_framing,
+    has_trailer,
+    scan,
+)
 from replayer.trace.model import RequestRecord
 from replayer.trace.schema import (
     FORMAT_NAME,
@@ -56,13 +74,12 @@ from replayer.trace.schema import (
     Kind,
 )
 from replayer.trace.tokens import BlockPrompts, PromptKey, TokenSpace
+from replayer.trace.verify import Cell, VerifyReport
 
 log = logging.getLogger("replayer.trace")
 
 _FILE_MAGIC = b"ARROW1"
 _CONTENT = ("messages", "text", "blocks", "params")
-_Cell = Callable[[int, str], Any]
-_EOS = integrity.EOS
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 # What a damaged row's values make reconstruction raise.
@@ -129,7 +146,7 @@ class Trace:
         torn_tail: bool,
         cache_bytes: int,
         steps: list[compat.Migration] | None = None,
-        digests: list[integrity.Stored] | None = None,
+        digests: list[Stored] | None = None,
     ) -> None:
         self.path = path
         self.file_schema = file_schema
@@ -202,15 +219,15 @@ class Trace:
             schema = ipc.open_stream(pa.BufferReader(body)).schema
             _ = schema.names, schema.metadata  # decoded lazily: a damaged name raises here
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise TraceError(f"{p}: not an Arrow IPC file or stream ({_short(exc)})") from None
+            raise TraceError(f"{p}: not an Arrow IPC file or stream ({short(exc)})") from None
         version = _check_format(p, schema)
         steps = compat.chain(p, version)
         mschema = compat.migrate_schema(schema, steps)
         _check_columns(p, mschema)
 
-        framing = integrity.scan(body)
-        trailer = form == "file" and integrity.has_trailer(buf)
-        torn = integrity.check_framing(p, buf, body, framing, trailer)
+        framing = scan(body)
+        trailer = form == "file" and has_trailer(buf)
+        torn = check_framing(p, buf, body, framing, trailer)
         batches = [m for m in framing.messages if m[0].type == "record batch"]
 
         wanted = [i for i, f in enumerate(schema) if f.name not in HEAVY_COLUMNS]
@@ -219,30 +236,30 @@ class Trace:
             options=ipc.IpcReadOptions(included_fields=wanted, use_threads=False),
         )
         idx_batches: list[pa.RecordBatch] = []
-        digests: list[integrity.Stored] | None = [] if version >= 2 else None
-        fp = integrity.schema_digest(schema)
+        digests: list[Stored] | None = [] if version >= 2 else None
+        fp = schema_digest(schema)
         start = 0
         for k, (msg, _, _) in enumerate(batches):
-            n = integrity.batch_length(msg)
+            n = batch_length(msg)
             where = batch_where(k, start, n) if n is not None else f"batch {k}"
             try:
                 batch, meta = idx_reader.read_next_batch_with_custom_metadata()
                 batch.validate(full=True)
             except (pa.ArrowException, OSError, StopIteration) as exc:
-                raise corrupt(p, where, f"does not decode ({_short(exc)})") from None
+                raise corrupt(p, where, f"does not decode ({short(exc)})") from None
             where = batch_where(k, start, batch.num_rows)
             if digests is None and meta is not None and META_SCHEMA_DIGEST in dict(meta):
                 raise corrupt(p, "header", f"says schema v{version}, but {where} has digests")
             if digests is not None:
-                got = integrity.stored(p, where, meta, len(schema))
+                got = stored(p, where, meta, len(schema))
                 if got.schema != fp:
                     raise corrupt(p, "header", "the schema does not match its digest")
-                integrity.check_columns(p, where, batch, wanted, got)
+                check_columns(p, where, batch, wanted, got)
                 digests.append(got)
             idx_batches.append(compat.migrate_batch(batch, steps))
             start += batch.num_rows
         if trailer:
-            integrity.check_footer(p, buf, framing, schema)
+            check_footer(p, buf, framing, schema)
         # Remember the schema and dictionary messages before each record
         # batch: decoding one batch's content later replays just those as a
         # tiny stream.
@@ -265,7 +282,7 @@ class Trace:
         try:
             index = pa.Table.from_batches(idx_batches, schema=idx_schema)
         except (pa.ArrowException, ValueError) as exc:
-            raise TraceError(f"{p}: wrong schema: {_short(exc)}") from None
+            raise TraceError(f"{p}: wrong schema: {short(exc)}") from None
         lengths = [b.num_rows for b in idx_batches]
         return cls(
             p, schema, index, messages, preludes, lengths, form, torn, cache_bytes, steps, digests
@@ -285,12 +302,12 @@ class Trace:
         anything is sent: decode the batches holding them and their delta
         bases (matching their digests), rebuild each body and match its length
         with ``body_bytes``; for the whole trace, also the index invariants
-        (:func:`~replayer.trace.integrity.check_invariants`). Raises
+        (:func:`~replayer.trace.verify.check_invariants`). Raises
         :class:`TraceCorruptError` naming the first bad batch or row.
 
         Streaming, like :meth:`iter_json`: memory stays bounded whatever the
         trace's size. ``bodies=False`` only decodes and matches the batches."""
-        return integrity.verify(self, rows, bodies=bodies)
+        return verification.verify(self, rows, bodies=bodies)
 
     # -- index access ------------------------------------------------------
 
@@ -352,11 +369,12 @@ class Trace:
 
     # -- content access ----------------------------------------------------
 
-    def _decode(self, k: int) -> pa.RecordBatch:
+    def decode_batch(self, k: int) -> pa.RecordBatch:
         """Decode the content columns of batch ``k`` (replaying only the
         schema and dictionary messages before it, then the batch), validated
-        and matched against their digests, then migrated."""
-        stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + _EOS
+        and matched against their digests, then migrated. Not cached: the
+        caller holds what it needs (a pass, verification)."""
+        stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + EOS
         where = batch_where(k, self._batch_starts[k], self._batch_lengths[k])
         try:
             reader = ipc.open_stream(
@@ -370,11 +388,11 @@ class Trace:
             # find nothing. Without digests, the full pass is the check.
             batch.validate(full=self._digests is None)
         except (pa.ArrowException, OSError, StopIteration) as exc:
-            raise corrupt(self.path, where, f"does not decode ({_short(exc)})") from None
+            raise corrupt(self.path, where, f"does not decode ({short(exc)})") from None
         if batch.num_rows != self._batch_lengths[k]:
             raise corrupt(self.path, where, f"content has {batch.num_rows} rows")
         if self._digests is not None:
-            integrity.check_columns(self.path, where, batch, self._heavy, self._digests[k])
+            check_columns(self.path, where, batch, self._heavy, self._digests[k])
         return compat.migrate_batch(batch, self._steps)
 
     def _where(self, row: int) -> str:
@@ -384,10 +402,11 @@ class Trace:
             return f"row {row}"
 
     def _corrupt_row(self, row: int, exc: BaseException) -> TraceCorruptError:
-        what = f"body does not rebuild ({type(exc).__name__}: {_short(exc)})"
+        what = f"body does not rebuild ({type(exc).__name__}: {short(exc)})"
         return corrupt(self.path, self._where(row), what)
 
-    def _batch_of(self, row: int) -> int:
+    def batch_of(self, row: int) -> int:
+        """The record batch holding ``row``."""
         if not 0 <= row < self._num_rows:
             raise IndexError(f"row {row} out of range (trace has {self._num_rows})")
         return bisect.bisect_right(self._batch_starts, row) - 1
@@ -397,7 +416,7 @@ class Trace:
         if b is not None:
             self._batches.move_to_end(k)
             return b
-        b = self._decode(k)
+        b = self.decode_batch(k)
         self._batches[k] = b
         self._batch_weight += b.nbytes
         while self._batch_weight > self._batch_budget and len(self._batches) > 1:
@@ -406,10 +425,10 @@ class Trace:
         return b
 
     def _cell(self, row: int, name: str) -> Any:
-        k = self._batch_of(row)
+        k = self.batch_of(row)
         return self._batch(k).column(name)[row - self._batch_starts[k]].as_py()
 
-    def _appended(self, row: int, kind: Kind, cell: _Cell) -> Any:
+    def _appended(self, row: int, kind: Kind, cell: Cell) -> Any:
         if kind.itemized:
             return cell(row, "messages") or []
         if kind is Kind.TEXT:
@@ -423,7 +442,7 @@ class Trace:
         self,
         row: int,
         live: dict[int, Any] | None = None,
-        cell: _Cell | None = None,
+        cell: Cell | None = None,
         *,
         compact: bool = False,
     ) -> Any:
@@ -465,7 +484,7 @@ class Trace:
         return out
 
     @_guarded
-    def params_text(self, row: int, cell: _Cell | None = None) -> str:
+    def params_text(self, row: int, cell: Cell | None = None) -> str:
         """The effective params JSON of a row (inherited along the chain).
 
         Resolved rows are memoized (they share one string per keyframe), so a
@@ -513,17 +532,23 @@ class Trace:
         row: int,
         patch: dict[str, Any] | None = None,
         *,
-        _content: Any = None,
-        _cell: _Cell | None = None,
+        content: Any = None,
+        cell: Cell | None = None,
     ) -> bytes:
         """The request body as compact JSON bytes, optionally with top-level
-        keys replaced or added (``patch``; a value of ``None`` removes a key)."""
+        keys replaced or added (``patch``; a value of ``None`` removes a key).
+
+        ``content`` (the row's, already built) and ``cell`` (the cell reader
+        of a pass holding its batch) come from :meth:`sequential` or a
+        :class:`BodyBuilder`, so nothing is rebuilt or decoded again."""
         kind = Kind(self.column("kind")[row])
-        params = orjson.loads(self.params_text(row, _cell))
+        params = orjson.loads(self.params_text(row, cell))
         key = kind.content_key
-        content = None
-        if key is not None:
-            content = _content if _content is not None else self.content(row)
+        if key is None:
+            content = None
+        else:
+            if content is None:
+                content = self.content(row)
             blocks = kind is Kind.BLOCKS
             params[key] = orjson.Fragment(
                 _MARK if blocks else self._content_json(row, kind, content)
@@ -557,17 +582,22 @@ class Trace:
         reached, and its planned rows are kept until consumed; each row's
         content is kept only until the last later row that deltas on it. A
         session replayed in order costs O(appended) per request."""
-        for r, content, _ in self._sequential(rows):
+        for r, content, _ in self.sequential(rows):
             yield r, content
 
     def iter_json(
         self, rows: Iterable[int] | None = None, patch: dict[str, Any] | None = None
     ) -> Iterator[tuple[int, bytes]]:
         """Bodies of ``rows`` (default: trace order), built incrementally."""
-        for r, content, cell in self._sequential(rows):
-            yield r, self.body_json(r, patch, _content=content, _cell=cell)
+        for r, content, cell in self.sequential(rows):
+            yield r, self.body_json(r, patch, content=content, cell=cell)
 
-    def _sequential(self, rows: Iterable[int] | None) -> Iterator[tuple[int, Any, _Cell]]:
+    def sequential(self, rows: Iterable[int] | None) -> Iterator[tuple[int, Any, Cell]]:
+        """The pass under :meth:`iter_content` and :meth:`iter_json`: each of
+        ``rows`` (default: trace order) with its content and the pass's cell
+        reader. Hand both to :meth:`body_json` or the reader to
+        :meth:`params_text` (verification sizes a blocks body from its params
+        without building its prompt)."""
         seq = list(self.order if rows is None else rows)
         base_col = self.column("base")
         kinds = self.column("kind")
@@ -684,7 +714,7 @@ class Trace:
             end = start + self._batch_lengths[k]
             if not any(kinds[r] == Kind.BLOCKS for r in range(start, end)):
                 continue
-            for r, ids in enumerate(_id_arrays(self._decode(k).column("blocks")), start):
+            for r, ids in enumerate(_id_arrays(self.decode_batch(k).column("blocks")), start):
                 b = base[r]
                 kept = min(keep[r], length[b]) if b is not None else 0
                 length[r] = kept + len(ids or ())
@@ -720,6 +750,11 @@ class Trace:
         """Bound the memory that holds recent token-id prompts for reuse."""
         if nbytes != self._prompts.cache_bytes:
             self._prompts = BlockPrompts(self.tokens, nbytes)
+
+    def prompt_json_len(self, input_tokens: int) -> int | None:
+        """The length of a blocks prompt of ``input_tokens`` ids as JSON, known
+        without drawing it when every id in :attr:`tokens` has one width."""
+        return self._prompts.json_len(input_tokens)
 
 
 _MARK = b"\x00prompt\x00"
@@ -782,7 +817,7 @@ class _Pass:
     def cell(self, row: int, name: str) -> Any:
         held = self.held.get(row)
         if held is None and row in self.planned:
-            k = self.trace._batch_of(row)
+            k = self.trace.batch_of(row)
             if k not in self.decoded:
                 self._extract(k)
                 held = self.held.get(row)
@@ -792,7 +827,7 @@ class _Pass:
 
     def _extract(self, k: int) -> None:
         self.decoded.add(k)
-        batch = self.trace._decode(k)
+        batch = self.trace.decode_batch(k)
         start = self.trace._batch_starts[k]
         cols = [
             _id_arrays(batch.column(n)) if n == "blocks" else batch.column(n).to_pylist()
@@ -857,7 +892,7 @@ class BodyBuilder:
         """The body as JSON bytes; ``content`` replaces the row's own (live mode)."""
         if content is None:
             content = self.content(row)
-        body = self.trace.body_json(row, patch, _content=content, _cell=self._pass.cell)
+        body = self.trace.body_json(row, patch, content=content, cell=self._pass.cell)
         self._pass.consume(row)
         planned = self._keys.pop(row, None)
         if planned is not None:
@@ -892,6 +927,3 @@ def _check_columns(p: Path, schema: pa.Schema) -> None:
         got = schema.field(f.name).type
         if got != f.type:
             raise TraceError(f"{p}: wrong schema: column {f.name!r} is {got}, expected {f.type}")
-
-
-_short = short

@@ -29,7 +29,7 @@ import pyarrow.ipc as ipc
 
 from replayer.errors import TraceError
 from replayer.trace import content as cx
-from replayer.trace.integrity import batch_metadata
+from replayer.trace.digests import batch_metadata
 from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.schema import DICT_COLUMNS, NAMES, Kind, arrow_schema
 from replayer.trace.tokens import (
