@@ -15,6 +15,11 @@ the index is checked at open, each content batch when decoded, and
 through this module's public methods only). Older schema versions are
 migrated on the fly (:mod:`replayer.trace.compat`).
 
+The token space blocks prompts are drawn from and the caches are a
+:class:`Trace`'s own; :meth:`Trace.configured` makes a sibling with others
+(a replay's ``--token-range``) over the same opened file, copying nothing,
+so whoever holds a trace sees it as they opened it.
+
 Reconstruction walks the delta chain backwards taking only the units each
 level contributes, so building request N costs O(size of N + chain depth),
 never O(N²). Sequential iteration (:meth:`Trace.iter_json`) additionally
@@ -25,12 +30,13 @@ session in order costs O(appended bytes) per request.
 from __future__ import annotations
 
 import bisect
+import copy
 import logging
 import os
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
@@ -124,6 +130,19 @@ class RequestInfo:
     body_bytes: int
 
 
+@dataclass(slots=True)
+class _Derived:
+    """What is computed from the file alone, once for a trace and all its
+    :meth:`~Trace.configured` siblings (it does not depend on their settings)."""
+
+    cols: dict[str, list[Any]] = field(default_factory=dict)
+    """Index columns as Python lists."""
+    order: list[int] | None = None
+    row_of: dict[str, int] | None = None
+    params: dict[int, str] = field(default_factory=dict)
+    """Params texts resolved along delta chains (see :meth:`Trace.params_text`)."""
+
+
 class Trace:
     """A trace opened for reading.
 
@@ -132,6 +151,7 @@ class Trace:
         trace = Trace.open("t.arrow")
         for row in trace.order:
             body = trace.body(row)
+        small = trace.configured(tokens=TokenSpace(100, 8192))  # trace itself unchanged
     """
 
     def __init__(
@@ -176,18 +196,17 @@ class Trace:
         try:
             self.provenance: dict[str, Any] = orjson.loads(meta.get(META_PROVENANCE, b"{}"))
             tok = orjson.loads(meta.get(META_TOKENS, b"{}"))
-            self.tokens = TokenSpace(**tok) if tok else TokenSpace()
+            recorded = TokenSpace(**tok) if tok else TokenSpace()
         except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             raise corrupt(path, "header", f"schema metadata unreadable ({short(exc)})") from None
-        self.recorded_tokens = self.tokens
-        """The token space stored in the trace (``tokens`` may be replaced)."""
-        self._prompts = BlockPrompts(self.tokens)
+        self.recorded_tokens = recorded
+        """The token space stored in the trace (:attr:`tokens` is a sibling's own)."""
+        self._derived = _Derived()
+        # Each sibling's own (see configured): the prompts and decoded batches it keeps.
+        self._prompts = BlockPrompts(self.recorded_tokens)
         self._batches: OrderedDict[int, pa.RecordBatch] = OrderedDict()
         self._batch_budget = cache_bytes
         self._batch_weight = 0
-        self._cols: dict[str, list[Any]] = {}
-        self._order: list[int] | None = None
-        self._params_memo: dict[int, str] = {}
 
     # -- opening -----------------------------------------------------------
 
@@ -306,8 +325,10 @@ class Trace:
         :class:`TraceCorruptError` naming the first bad batch or row.
 
         Streaming, like :meth:`iter_json`: memory stays bounded whatever the
-        trace's size. ``bodies=False`` only decodes and matches the batches."""
-        return verification.verify(self, rows, bodies=bodies)
+        trace's size. ``bodies=False`` only decodes and matches the batches.
+        Reads through a :meth:`configured` sibling, so the prompts and
+        batches it builds leave with it: this trace's caches are as before."""
+        return verification.verify(self.configured(), rows, bodies=bodies)
 
     # -- index access ------------------------------------------------------
 
@@ -316,12 +337,12 @@ class Trace:
 
     def column(self, name: str) -> list[Any]:
         """An index column as a Python list (cached)."""
-        col = self._cols.get(name)
+        col = self._derived.cols.get(name)
         if col is None:
             if name in HEAVY_COLUMNS:
                 raise KeyError(f"{name} is a content column; use body()/outcome()")
             col = _to_list(self.index.column(name))
-            self._cols[name] = col
+            self._derived.cols[name] = col
         return col
 
     def model_of(self, rows: Iterable[int], override: str | None = None) -> str | None:
@@ -335,10 +356,11 @@ class Trace:
     @property
     def order(self) -> list[int]:
         """Rows in trace order: by recorded start, ties by row (stable)."""
-        if self._order is None:
+        d = self._derived
+        if d.order is None:
             idx = pc.sort_indices(self.index, sort_keys=[("start_us", "ascending")])
-            self._order = idx.to_pylist()
-        return self._order
+            d.order = idx.to_pylist()
+        return d.order
 
     def request(self, row: int) -> RequestInfo:
         c = self.column
@@ -358,10 +380,10 @@ class Trace:
         )
 
     def row_of(self, request_id: str) -> int:
-        m = self.__dict__.get("_row_of")
+        m = self._derived.row_of
         if m is None:
             m = {rid: i for i, rid in enumerate(self.column("request_id"))}
-            self.__dict__["_row_of"] = m
+            self._derived.row_of = m
         try:
             return int(m[request_id])
         except KeyError:
@@ -489,7 +511,7 @@ class Trace:
 
         Resolved rows are memoized (they share one string per keyframe), so a
         session read in order walks one step per request, not its whole chain."""
-        memo = self._params_memo
+        memo = self._derived.params
         cell = cell or self._cell
         base_col = self.column("base")
         walked: list[int] = []
@@ -736,25 +758,42 @@ class Trace:
         """A :class:`BodyBuilder` for a replay of ``rows``."""
         return BodyBuilder(self, rows)
 
-    def set_token_space(self, space: TokenSpace) -> None:
-        """Regenerate blocks prompts in another token range (a model's vocabulary)."""
-        self.tokens = space
-        self._prompts = BlockPrompts(space, self._prompts.cache_bytes)
+    @property
+    def tokens(self) -> TokenSpace:
+        """The token space blocks prompts are drawn from: the recorded one,
+        unless this trace was :meth:`configured` with another."""
+        return self._prompts.space
 
     @property
     def body_cache_bytes(self) -> int:
-        """The bound set by :meth:`set_body_cache`."""
+        """The bound on recent token-id prompts kept for reuse."""
         return self._prompts.cache_bytes
-
-    def set_body_cache(self, nbytes: int) -> None:
-        """Bound the memory that holds recent token-id prompts for reuse."""
-        if nbytes != self._prompts.cache_bytes:
-            self._prompts = BlockPrompts(self.tokens, nbytes)
 
     def prompt_json_len(self, input_tokens: int) -> int | None:
         """The length of a blocks prompt of ``input_tokens`` ids as JSON, known
         without drawing it when every id in :attr:`tokens` has one width."""
         return self._prompts.json_len(input_tokens)
+
+    def configured(
+        self, *, tokens: TokenSpace | None = None, body_cache_bytes: int | None = None
+    ) -> Trace:
+        """A sibling reading the same opened file with its own token space
+        (default: this trace's) and its own caches: an empty prompt cache
+        bounded by ``body_cache_bytes`` (default: this trace's bound), and a
+        decoded-batch LRU that starts with this trace's batches.
+
+        What a replay builds through (a model's ``--token-range``, its
+        ``--body-cache-mb``), so the caller's trace keeps its settings and
+        bodies. Copies no data: the index, the memory-mapped messages and
+        everything derived from the file alone (index columns as lists, the
+        trace order, resolved params) are the same objects, shared."""
+        sibling = copy.copy(self)  # the same file, index and _derived
+        sibling._prompts = BlockPrompts(
+            tokens or self.tokens,
+            self.body_cache_bytes if body_cache_bytes is None else body_cache_bytes,
+        )
+        sibling._batches = OrderedDict(self._batches)  # the same batches, its own order
+        return sibling
 
 
 _MARK = b"\x00prompt\x00"

@@ -37,8 +37,7 @@ def test_verify_reads_the_selection_and_its_delta_bases_only(tmp_path):
 
 
 def test_verify_skips_lengths_under_another_token_space(tmp_path):
-    t = Trace.open(write_current(tmp_path / "t.arrow"))
-    t.set_token_space(TokenSpace(lo=5, hi=99))
+    t = Trace.open(write_current(tmp_path / "t.arrow")).configured(tokens=TokenSpace(lo=5, hi=99))
     report = t.verify()
     assert (report.bodies, report.lengths) == (14, 0)
 
