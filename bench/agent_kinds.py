@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from replayer.options.trace import SynthApi
+from replayer.trace.model import TraceMeta
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
 from replayer.trace.synth import APIS, SynthOptions, write_trace
-from replayer.trace.writer import TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 TARGET = 50.0
 REPO = Path(__file__).resolve().parents[1]

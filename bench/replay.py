@@ -415,7 +415,8 @@ def window_rate(
 
 def rate_trace(path: Path, rate: float, n: int, *, max_tokens: int = TINY_TOKENS) -> Path:
     """``n`` single-turn sessions, one every ``1/rate`` s, tiny prompts."""
-    from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+    from replayer.trace.model import RequestRecord, TraceMeta
+    from replayer.trace.writer import TraceWriter
 
     if path.exists():
         path.unlink()

@@ -528,8 +528,7 @@ def memory_child(trace: str, cap_mb: str) -> None:
     builder under one bound, nothing sent; figures as one JSON line."""
     from replayer.trace import Trace
 
-    t = Trace.open(trace)
-    t.set_body_cache(int(cap_mb) << 20)
+    t = Trace.open(trace).configured(body_cache_bytes=int(cap_mb) << 20)
     rows = list(t.order)
     b = t.builder(rows)
     c0, total, peak_cache = time.process_time(), 0, 0

@@ -45,8 +45,8 @@ _EXPORTS = {
     # traces
     "Trace": "replayer.trace.reader",
     "TraceWriter": "replayer.trace.writer",
-    "TraceMeta": "replayer.trace.writer",
-    "RequestRecord": "replayer.trace.writer",
+    "TraceMeta": "replayer.trace.model",
+    "RequestRecord": "replayer.trace.model",
     # what a run finds
     "FailureClass": "replayer.monitor.classify",
     "Signature": "replayer.monitor.signature",
@@ -155,5 +155,6 @@ if TYPE_CHECKING:
     from replayer.monitor.watch import WatchConfig
     from replayer.options import Selection
     from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
+    from replayer.trace.model import RequestRecord, TraceMeta
     from replayer.trace.reader import Trace
-    from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+    from replayer.trace.writer import TraceWriter

@@ -1050,7 +1050,8 @@ def import_trace(
 
     from replayer._files import atomic_output
     from replayer.trace.importers import IMPORTERS, details, load
-    from replayer.trace.writer import TraceMeta, TraceWriter
+    from replayer.trace.model import TraceMeta
+    from replayer.trace.writer import TraceWriter
 
     if format not in IMPORTERS:
         raise OptionError("format", f"{format!r}: want one of {', '.join(IMPORTERS)}")
@@ -1103,7 +1104,7 @@ def convert(
     """Rewrite a trace of an older schema version at the current one (verified
     in full first): same rows in the same order, same bodies, fresh digests."""
     from replayer._files import atomic_output
-    from replayer.trace.compat import convert as _convert
+    from replayer.trace.convert import convert as _convert
 
     t = open_trace(trace)
     t.verify()

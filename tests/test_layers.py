@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.check_layers import LAYERS, check
+from tests.check_layers import LAYERS, STRICT_CYCLES, check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "check_layers.py"
@@ -85,3 +85,24 @@ def test_a_cycle_inside_a_layer_and_an_unplaced_package_fail(tmp_path):
     init = pkg / "newstage" / "__init__.py"
     assert f"{init}:1: replayer.newstage is in no layer (add it to LAYERS)" in got
     assert any(p.startswith("import cycle: ") and "replayer.trace.schema" in p for p in got), got
+
+
+def test_a_type_only_cycle_fails_in_a_strict_unit_only(tmp_path):
+    """In ``trace`` (strict) a type named back from the module that imports
+    you is a cycle; in a unit not yet strict it is still let through."""
+    pkg = _copy(tmp_path)
+    before = check(pkg)
+    _append(
+        pkg / "trace" / "schema.py",
+        "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from replayer.trace.reader import Trace  # noqa\n",
+    )
+    _append(
+        pkg / "monitor" / "health.py",
+        "\n\nif TYPE_CHECKING:\n    from replayer.monitor.watch import WatchConfig  # noqa\n",
+    )
+    new = _new(pkg, before)
+    assert len(new) == 1 and new[0].startswith("import cycle: "), new
+    assert "replayer.trace.reader" in new[0] and "replayer.trace.schema" in new[0]
+    assert "monitor" not in new[0]
+    assert {"trace"} == STRICT_CYCLES

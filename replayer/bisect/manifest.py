@@ -12,7 +12,7 @@ from replayer.bisect.oracle import Outcome
 from replayer.bisect.shrink import Edit, threshold_line
 from replayer.bisect.stats import fisher_one_sided, rate_dict
 from replayer.bundle.export import write_bundle
-from replayer.replay.run import sha256_file
+from replayer.replay.run import as_replayed, sha256_file
 
 if TYPE_CHECKING:
     from replayer.bisect.pipeline import Bisect
@@ -93,7 +93,8 @@ def write(b: Bisect, status: str) -> Path | None:
         b.trace_sha = sha256_file(b.trace.path)
     return write_bundle(
         b.out / "bundle",
-        trace=b.trace,
+        # the trials' token range: the bundle's bodies are the ones that crashed it
+        trace=as_replayed(b.trace, b.policy),
         trace_sha256=b.trace_sha,
         rows=[b.rows[p] for p in b.best.positions],
         edit=Edit.parse(b.best.edit).apply if b.best.edit else None,

@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from replayer.bisect.oracle import Candidate, Outcome
+from replayer.trace.model import RequestRecord
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
 from replayer.trace.subset import write_subset
-from replayer.trace.writer import RequestRecord
 
 if TYPE_CHECKING:
     from replayer.bisect.pipeline import Bisect

@@ -33,9 +33,9 @@ import orjson
 from replayer._version import __version__
 from replayer.bundle.files import MANIFEST
 from replayer.trace.export import jsonl_lines
+from replayer.trace.model import RequestRecord
 from replayer.trace.reader import Trace
 from replayer.trace.subset import write_subset
-from replayer.trace.writer import RequestRecord
 
 BUNDLE_FORMAT_VERSION = MANIFEST.version
 REPRO_SOURCE = Path(__file__).with_name("repro.py")

@@ -198,7 +198,8 @@ class RecordingProxy:
     async def start(self) -> Self:
         """Bind, open the trace, start serving. Raises UsageError if the address is taken."""
         from replayer.errors import UsageError
-        from replayer.trace.writer import TraceMeta, TraceWriter
+        from replayer.trace.model import TraceMeta
+        from replayer.trace.writer import TraceWriter
 
         cfg = self.config
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET

@@ -63,8 +63,8 @@ import orjson
 from replayer.options.record import DEFAULT_SESSION_HEADERS
 from replayer.record.redact import Redactor
 from replayer.record.sessions import Assignment, SessionTracker, Units, input_items
+from replayer.trace.model import RequestRecord, kind_of
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord, kind_of
 from replayer.wire import Reply
 
 log = logging.getLogger("replayer.record")

@@ -42,9 +42,10 @@ import orjson
 
 from replayer.errors import TraceError, UsageError
 from replayer.record.sessions import SessionTracker
+from replayer.trace.model import TraceMeta
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
-from replayer.trace.writer import TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 _INFERRED = frozenset({"new", "next", "fork"})
 

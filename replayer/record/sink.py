@@ -33,7 +33,8 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from replayer.errors import ReplayerError
-from replayer.trace.writer import RequestRecord, TraceWriter
+from replayer.trace.model import RequestRecord
+from replayer.trace.writer import TraceWriter
 
 log = logging.getLogger("replayer.record")
 

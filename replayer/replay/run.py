@@ -74,6 +74,17 @@ def prepare_out(out: Path | None, force: bool) -> Path:
     return out
 
 
+def as_replayed(trace: Trace, policy: ReplayPolicy) -> Trace:
+    """``trace`` as a replay under ``policy`` reads it: a sibling in the
+    policy's token range (with the trace's salt) and body cache bound, so
+    the caller's trace keeps its own settings whatever the replay's."""
+    tokens = None
+    if policy.token_range is not None:
+        lo, hi = policy.token_range
+        tokens = TokenSpace(lo, hi, trace.tokens.salt)
+    return trace.configured(tokens=tokens, body_cache_bytes=policy.body_cache_mb << 20)
+
+
 def _check_models(trace: Trace, rows: list[int], policy: ReplayPolicy, replay: Replay) -> None:
     if policy.model:
         return
@@ -108,11 +119,7 @@ async def replay_to_dir(
     secrets masked: ``--from-run`` relaunches it)."""
     if not rows:
         raise UsageError("the selection is empty: nothing to replay")
-    if policy.token_range is not None:
-        trace.set_token_space(
-            TokenSpace(policy.token_range[0], policy.token_range[1], trace.tokens.salt)
-        )
-    trace.set_body_cache(policy.body_cache_mb << 20)
+    trace = as_replayed(trace, policy)
     plan = build_plan(trace, rows, policy)
     interrupted = False
     os.makedirs(out, exist_ok=True)  # a run directory of our own; instant

@@ -110,9 +110,9 @@ class BodySpec:
         from replayer.trace.reader import Trace
         from replayer.trace.tokens import TokenSpace
 
-        trace = Trace.open(self.trace_path)
-        trace.set_token_space(TokenSpace(*self.token_space))
-        trace.set_body_cache(self.cache_bytes)
+        trace = Trace.open(self.trace_path).configured(
+            tokens=TokenSpace(*self.token_space), body_cache_bytes=self.cache_bytes
+        )
         builder = trace.builder(rows)
         base: dict[str, Any] = {"model": self.model} if self.model else {}
 

@@ -376,8 +376,9 @@ def ordered_chat_trace(path: Path, model: str, n: int = 24) -> list[str]:
     the request ids in trace order."""
     import random
 
+    from replayer.trace.model import RequestRecord, TraceMeta
     from replayer.trace.schema import Kind
-    from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+    from replayer.trace.writer import TraceWriter
 
     rng = random.Random(5)
     words = "engine kernel cache block token batch stream worker layer queue".split()

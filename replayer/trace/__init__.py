@@ -3,10 +3,11 @@
 No network and no asyncio here: every other stage builds on this package.
 """
 
+from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.reader import RequestInfo, Trace
 from replayer.trace.schema import TRACE_SCHEMA_VERSION, Kind
 from replayer.trace.tokens import TokenSpace
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 __all__ = [
     "TRACE_SCHEMA_VERSION",

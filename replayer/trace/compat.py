@@ -4,14 +4,16 @@
 each bump adds a step ``k -> k+1`` to :data:`MIGRATIONS`. The reader applies
 the chain on open, in memory and batch by batch (a schema step to the
 schema, a batch step to each batch as it is decoded), so an old trace of any
-size reads as a current one; :func:`convert` rewrites it at the current
-version (``replayer trace convert``). A batch step gets the index or the
-content columns of a batch, never both: the reader decodes them apart.
+size reads as a current one; :func:`replayer.trace.convert.convert`
+rewrites it at the current version (``replayer trace convert``). A batch
+step gets the index or the content columns of a batch, never both: the
+reader decodes them apart. Below the reader, this module knows schemas and
+batches only.
 
 History:
 
 - v1 -> v2: record batches carry column and schema digests
-  (:mod:`replayer.trace.integrity`). v1 batches have none; the columns are
+  (:mod:`replayer.trace.digests`). v1 batches have none; the columns are
   the same, so the step only relabels the schema. Digests of a v1 trace
   come only from rewriting it.
 - v2 -> v3: payload kinds ``messages`` (Anthropic Messages) and
@@ -22,19 +24,14 @@ History:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from replayer.errors import SchemaVersionError, TraceError
 from replayer.trace.schema import META_VERSION, TRACE_SCHEMA_VERSION
-
-if TYPE_CHECKING:
-    from replayer.trace.reader import Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,45 +100,3 @@ def migrate_batch(batch: pa.RecordBatch, steps: list[Migration]) -> pa.RecordBat
     for step in steps:
         batch = step.batch(batch)
     return batch
-
-
-def convert(
-    trace: Trace, out: str | os.PathLike[str], *, form: str | None = None
-) -> tuple[int, int]:
-    """Rewrite ``trace`` at the current version: same rows in the same storage
-    order (row numbers hold), same bodies, ids, timing, outcomes and delta
-    bases, fresh digests; provenance kept, with a ``converted`` record.
-    Returns (rows, batches) written."""
-    from replayer._version import __version__
-    from replayer.trace.writer import TraceMeta, TraceWriter
-
-    prov: dict[str, Any] = dict(trace.provenance)
-    source = str(prov.pop("source", "unknown"))
-    created = str(prov.pop("created_at", ""))
-    tool, tool_version = prov.pop("tool", None), prov.pop("tool_version", None)
-    history = list(prov.pop("converted", []))
-    history.append(
-        {
-            "from_schema": trace.schema_version,
-            "to_schema": TRACE_SCHEMA_VERSION,
-            "from_tool": f"{tool} {tool_version}" if tool else None,
-            "by": f"replayer {__version__}",
-        }
-    )
-    meta = TraceMeta(
-        source=source,
-        details={**prov, "converted": history},
-        tokens=trace.recorded_tokens,
-        created_at=created,
-    )
-    ids = trace.column("request_id")
-    base = trace.column("base")
-    rows = range(len(trace))
-    as_file = (form or trace.form) == "file"
-    with TraceWriter(out, meta, form="file" if as_file else "stream") as w:
-        for row, content in trace.iter_content(rows):
-            rec = trace.record(row, content)
-            b = base[row]
-            rec.base_hint = ids[b] if b is not None else None
-            w.add(rec)
-    return w.rows, w.batches_written

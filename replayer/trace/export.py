@@ -32,7 +32,7 @@ from typing import IO, Any
 
 import orjson
 
-from replayer.trace.integrity import corrupt
+from replayer.trace.digests import corrupt
 from replayer.trace.reader import Trace
 from replayer.trace.schema import Kind
 

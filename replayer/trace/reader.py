@@ -9,10 +9,16 @@ A stream whose writer was killed ends in a torn message; the reader keeps
 every complete batch, drops the tail and says so (``Trace.torn_tail``, and a
 warning on the ``replayer.trace`` logger). An IPC file whose footer was never
 written is read the same way. Anything else wrong with the bytes is damage
-(:class:`~replayer.errors.TraceCorruptError`, see :mod:`replayer.trace.integrity`):
+(:class:`~replayer.errors.TraceCorruptError`, see :mod:`replayer.trace.digests`):
 the index is checked at open, each content batch when decoded, and
-:meth:`Trace.verify` reads a selection up front. Older schema versions are
+:meth:`Trace.verify` reads a selection up front (:mod:`replayer.trace.verify`,
+through this module's public methods only). Older schema versions are
 migrated on the fly (:mod:`replayer.trace.compat`).
+
+The token space blocks prompts are drawn from and the caches are a
+:class:`Trace`'s own; :meth:`Trace.configured` makes a sibling with others
+(a replay's ``--token-range``) over the same opened file, copying nothing,
+so whoever holds a trace sees it as they opened it.
 
 Reconstruction walks the delta chain backwards taking only the units each
 level contributes, so building request N costs O(size of N + chain depth),
@@ -24,15 +30,16 @@ session in order costs O(appended bytes) per request.
 from __future__ import annotations
 
 import bisect
+import copy
 import logging
 import os
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import orjson
 import pyarrow as pa
@@ -40,9 +47,27 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from replayer.errors import TraceCorruptError, TraceError
-from replayer.trace import compat, integrity
+from replayer.trace import compat
 from replayer.trace import content as cx
-from replayer.trace.integrity import VerifyReport, batch_where, corrupt, short
+from replayer.trace import verify as verification
+from replayer.trace.digests import (
+    Stored,
+    batch_where,
+    check_columns,
+    corrupt,
+    schema_digest,
+    short,
+    stored,
+)
+from replayer.trace.framing import (
+    EOS,
+    batch_length,
+    check_footer,
+    check_framing,
+    has_trailer,
+    scan,
+)
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import (
     FORMAT_NAME,
     HEAVY_COLUMNS,
@@ -55,16 +80,12 @@ from replayer.trace.schema import (
     Kind,
 )
 from replayer.trace.tokens import BlockPrompts, PromptKey, TokenSpace
-
-if TYPE_CHECKING:
-    from replayer.trace.writer import RequestRecord
+from replayer.trace.verify import Cell, VerifyReport
 
 log = logging.getLogger("replayer.trace")
 
 _FILE_MAGIC = b"ARROW1"
 _CONTENT = ("messages", "text", "blocks", "params")
-_Cell = Callable[[int, str], Any]
-_EOS = integrity.EOS
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 # What a damaged row's values make reconstruction raise.
@@ -109,6 +130,19 @@ class RequestInfo:
     body_bytes: int
 
 
+@dataclass(slots=True)
+class _Derived:
+    """What is computed from the file alone, once for a trace and all its
+    :meth:`~Trace.configured` siblings (it does not depend on their settings)."""
+
+    cols: dict[str, list[Any]] = field(default_factory=dict)
+    """Index columns as Python lists."""
+    order: list[int] | None = None
+    row_of: dict[str, int] | None = None
+    params: dict[int, str] = field(default_factory=dict)
+    """Params texts resolved along delta chains (see :meth:`Trace.params_text`)."""
+
+
 class Trace:
     """A trace opened for reading.
 
@@ -117,6 +151,7 @@ class Trace:
         trace = Trace.open("t.arrow")
         for row in trace.order:
             body = trace.body(row)
+        small = trace.configured(tokens=TokenSpace(100, 8192))  # trace itself unchanged
     """
 
     def __init__(
@@ -131,7 +166,7 @@ class Trace:
         torn_tail: bool,
         cache_bytes: int,
         steps: list[compat.Migration] | None = None,
-        digests: list[integrity.Stored] | None = None,
+        digests: list[Stored] | None = None,
     ) -> None:
         self.path = path
         self.file_schema = file_schema
@@ -161,18 +196,17 @@ class Trace:
         try:
             self.provenance: dict[str, Any] = orjson.loads(meta.get(META_PROVENANCE, b"{}"))
             tok = orjson.loads(meta.get(META_TOKENS, b"{}"))
-            self.tokens = TokenSpace(**tok) if tok else TokenSpace()
+            recorded = TokenSpace(**tok) if tok else TokenSpace()
         except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             raise corrupt(path, "header", f"schema metadata unreadable ({short(exc)})") from None
-        self.recorded_tokens = self.tokens
-        """The token space stored in the trace (``tokens`` may be replaced)."""
-        self._prompts = BlockPrompts(self.tokens)
+        self.recorded_tokens = recorded
+        """The token space stored in the trace (:attr:`tokens` is a sibling's own)."""
+        self._derived = _Derived()
+        # Each sibling's own (see configured): the prompts and decoded batches it keeps.
+        self._prompts = BlockPrompts(self.recorded_tokens)
         self._batches: OrderedDict[int, pa.RecordBatch] = OrderedDict()
         self._batch_budget = cache_bytes
         self._batch_weight = 0
-        self._cols: dict[str, list[Any]] = {}
-        self._order: list[int] | None = None
-        self._params_memo: dict[int, str] = {}
 
     # -- opening -----------------------------------------------------------
 
@@ -204,15 +238,15 @@ class Trace:
             schema = ipc.open_stream(pa.BufferReader(body)).schema
             _ = schema.names, schema.metadata  # decoded lazily: a damaged name raises here
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise TraceError(f"{p}: not an Arrow IPC file or stream ({_short(exc)})") from None
+            raise TraceError(f"{p}: not an Arrow IPC file or stream ({short(exc)})") from None
         version = _check_format(p, schema)
         steps = compat.chain(p, version)
         mschema = compat.migrate_schema(schema, steps)
         _check_columns(p, mschema)
 
-        framing = integrity.scan(body)
-        trailer = form == "file" and integrity.has_trailer(buf)
-        torn = integrity.check_framing(p, buf, body, framing, trailer)
+        framing = scan(body)
+        trailer = form == "file" and has_trailer(buf)
+        torn = check_framing(p, buf, body, framing, trailer)
         batches = [m for m in framing.messages if m[0].type == "record batch"]
 
         wanted = [i for i, f in enumerate(schema) if f.name not in HEAVY_COLUMNS]
@@ -221,30 +255,30 @@ class Trace:
             options=ipc.IpcReadOptions(included_fields=wanted, use_threads=False),
         )
         idx_batches: list[pa.RecordBatch] = []
-        digests: list[integrity.Stored] | None = [] if version >= 2 else None
-        fp = integrity.schema_digest(schema)
+        digests: list[Stored] | None = [] if version >= 2 else None
+        fp = schema_digest(schema)
         start = 0
         for k, (msg, _, _) in enumerate(batches):
-            n = integrity.batch_length(msg)
+            n = batch_length(msg)
             where = batch_where(k, start, n) if n is not None else f"batch {k}"
             try:
                 batch, meta = idx_reader.read_next_batch_with_custom_metadata()
                 batch.validate(full=True)
             except (pa.ArrowException, OSError, StopIteration) as exc:
-                raise corrupt(p, where, f"does not decode ({_short(exc)})") from None
+                raise corrupt(p, where, f"does not decode ({short(exc)})") from None
             where = batch_where(k, start, batch.num_rows)
             if digests is None and meta is not None and META_SCHEMA_DIGEST in dict(meta):
                 raise corrupt(p, "header", f"says schema v{version}, but {where} has digests")
             if digests is not None:
-                got = integrity.stored(p, where, meta, len(schema))
+                got = stored(p, where, meta, len(schema))
                 if got.schema != fp:
                     raise corrupt(p, "header", "the schema does not match its digest")
-                integrity.check_columns(p, where, batch, wanted, got)
+                check_columns(p, where, batch, wanted, got)
                 digests.append(got)
             idx_batches.append(compat.migrate_batch(batch, steps))
             start += batch.num_rows
         if trailer:
-            integrity.check_footer(p, buf, framing, schema)
+            check_footer(p, buf, framing, schema)
         # Remember the schema and dictionary messages before each record
         # batch: decoding one batch's content later replays just those as a
         # tiny stream.
@@ -267,7 +301,7 @@ class Trace:
         try:
             index = pa.Table.from_batches(idx_batches, schema=idx_schema)
         except (pa.ArrowException, ValueError) as exc:
-            raise TraceError(f"{p}: wrong schema: {_short(exc)}") from None
+            raise TraceError(f"{p}: wrong schema: {short(exc)}") from None
         lengths = [b.num_rows for b in idx_batches]
         return cls(
             p, schema, index, messages, preludes, lengths, form, torn, cache_bytes, steps, digests
@@ -287,12 +321,14 @@ class Trace:
         anything is sent: decode the batches holding them and their delta
         bases (matching their digests), rebuild each body and match its length
         with ``body_bytes``; for the whole trace, also the index invariants
-        (:func:`~replayer.trace.integrity.check_invariants`). Raises
+        (:func:`~replayer.trace.verify.check_invariants`). Raises
         :class:`TraceCorruptError` naming the first bad batch or row.
 
         Streaming, like :meth:`iter_json`: memory stays bounded whatever the
-        trace's size. ``bodies=False`` only decodes and matches the batches."""
-        return integrity.verify(self, rows, bodies=bodies)
+        trace's size. ``bodies=False`` only decodes and matches the batches.
+        Reads through a :meth:`configured` sibling, so the prompts and
+        batches it builds leave with it: this trace's caches are as before."""
+        return verification.verify(self.configured(), rows, bodies=bodies)
 
     # -- index access ------------------------------------------------------
 
@@ -301,12 +337,12 @@ class Trace:
 
     def column(self, name: str) -> list[Any]:
         """An index column as a Python list (cached)."""
-        col = self._cols.get(name)
+        col = self._derived.cols.get(name)
         if col is None:
             if name in HEAVY_COLUMNS:
                 raise KeyError(f"{name} is a content column; use body()/outcome()")
             col = _to_list(self.index.column(name))
-            self._cols[name] = col
+            self._derived.cols[name] = col
         return col
 
     def model_of(self, rows: Iterable[int], override: str | None = None) -> str | None:
@@ -320,10 +356,11 @@ class Trace:
     @property
     def order(self) -> list[int]:
         """Rows in trace order: by recorded start, ties by row (stable)."""
-        if self._order is None:
+        d = self._derived
+        if d.order is None:
             idx = pc.sort_indices(self.index, sort_keys=[("start_us", "ascending")])
-            self._order = idx.to_pylist()
-        return self._order
+            d.order = idx.to_pylist()
+        return d.order
 
     def request(self, row: int) -> RequestInfo:
         c = self.column
@@ -343,10 +380,10 @@ class Trace:
         )
 
     def row_of(self, request_id: str) -> int:
-        m = self.__dict__.get("_row_of")
+        m = self._derived.row_of
         if m is None:
             m = {rid: i for i, rid in enumerate(self.column("request_id"))}
-            self.__dict__["_row_of"] = m
+            self._derived.row_of = m
         try:
             return int(m[request_id])
         except KeyError:
@@ -354,11 +391,12 @@ class Trace:
 
     # -- content access ----------------------------------------------------
 
-    def _decode(self, k: int) -> pa.RecordBatch:
+    def decode_batch(self, k: int) -> pa.RecordBatch:
         """Decode the content columns of batch ``k`` (replaying only the
         schema and dictionary messages before it, then the batch), validated
-        and matched against their digests, then migrated."""
-        stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + _EOS
+        and matched against their digests, then migrated. Not cached: the
+        caller holds what it needs (a pass, verification)."""
+        stream = self._preludes[k] + self._messages[k].serialize().to_pybytes() + EOS
         where = batch_where(k, self._batch_starts[k], self._batch_lengths[k])
         try:
             reader = ipc.open_stream(
@@ -372,11 +410,11 @@ class Trace:
             # find nothing. Without digests, the full pass is the check.
             batch.validate(full=self._digests is None)
         except (pa.ArrowException, OSError, StopIteration) as exc:
-            raise corrupt(self.path, where, f"does not decode ({_short(exc)})") from None
+            raise corrupt(self.path, where, f"does not decode ({short(exc)})") from None
         if batch.num_rows != self._batch_lengths[k]:
             raise corrupt(self.path, where, f"content has {batch.num_rows} rows")
         if self._digests is not None:
-            integrity.check_columns(self.path, where, batch, self._heavy, self._digests[k])
+            check_columns(self.path, where, batch, self._heavy, self._digests[k])
         return compat.migrate_batch(batch, self._steps)
 
     def _where(self, row: int) -> str:
@@ -386,10 +424,11 @@ class Trace:
             return f"row {row}"
 
     def _corrupt_row(self, row: int, exc: BaseException) -> TraceCorruptError:
-        what = f"body does not rebuild ({type(exc).__name__}: {_short(exc)})"
+        what = f"body does not rebuild ({type(exc).__name__}: {short(exc)})"
         return corrupt(self.path, self._where(row), what)
 
-    def _batch_of(self, row: int) -> int:
+    def batch_of(self, row: int) -> int:
+        """The record batch holding ``row``."""
         if not 0 <= row < self._num_rows:
             raise IndexError(f"row {row} out of range (trace has {self._num_rows})")
         return bisect.bisect_right(self._batch_starts, row) - 1
@@ -399,7 +438,7 @@ class Trace:
         if b is not None:
             self._batches.move_to_end(k)
             return b
-        b = self._decode(k)
+        b = self.decode_batch(k)
         self._batches[k] = b
         self._batch_weight += b.nbytes
         while self._batch_weight > self._batch_budget and len(self._batches) > 1:
@@ -408,10 +447,10 @@ class Trace:
         return b
 
     def _cell(self, row: int, name: str) -> Any:
-        k = self._batch_of(row)
+        k = self.batch_of(row)
         return self._batch(k).column(name)[row - self._batch_starts[k]].as_py()
 
-    def _appended(self, row: int, kind: Kind, cell: _Cell) -> Any:
+    def _appended(self, row: int, kind: Kind, cell: Cell) -> Any:
         if kind.itemized:
             return cell(row, "messages") or []
         if kind is Kind.TEXT:
@@ -425,7 +464,7 @@ class Trace:
         self,
         row: int,
         live: dict[int, Any] | None = None,
-        cell: _Cell | None = None,
+        cell: Cell | None = None,
         *,
         compact: bool = False,
     ) -> Any:
@@ -467,12 +506,12 @@ class Trace:
         return out
 
     @_guarded
-    def params_text(self, row: int, cell: _Cell | None = None) -> str:
+    def params_text(self, row: int, cell: Cell | None = None) -> str:
         """The effective params JSON of a row (inherited along the chain).
 
         Resolved rows are memoized (they share one string per keyframe), so a
         session read in order walks one step per request, not its whole chain."""
-        memo = self._params_memo
+        memo = self._derived.params
         cell = cell or self._cell
         base_col = self.column("base")
         walked: list[int] = []
@@ -515,17 +554,23 @@ class Trace:
         row: int,
         patch: dict[str, Any] | None = None,
         *,
-        _content: Any = None,
-        _cell: _Cell | None = None,
+        content: Any = None,
+        cell: Cell | None = None,
     ) -> bytes:
         """The request body as compact JSON bytes, optionally with top-level
-        keys replaced or added (``patch``; a value of ``None`` removes a key)."""
+        keys replaced or added (``patch``; a value of ``None`` removes a key).
+
+        ``content`` (the row's, already built) and ``cell`` (the cell reader
+        of a pass holding its batch) come from :meth:`sequential` or a
+        :class:`BodyBuilder`, so nothing is rebuilt or decoded again."""
         kind = Kind(self.column("kind")[row])
-        params = orjson.loads(self.params_text(row, _cell))
+        params = orjson.loads(self.params_text(row, cell))
         key = kind.content_key
-        content = None
-        if key is not None:
-            content = _content if _content is not None else self.content(row)
+        if key is None:
+            content = None
+        else:
+            if content is None:
+                content = self.content(row)
             blocks = kind is Kind.BLOCKS
             params[key] = orjson.Fragment(
                 _MARK if blocks else self._content_json(row, kind, content)
@@ -559,17 +604,22 @@ class Trace:
         reached, and its planned rows are kept until consumed; each row's
         content is kept only until the last later row that deltas on it. A
         session replayed in order costs O(appended) per request."""
-        for r, content, _ in self._sequential(rows):
+        for r, content, _ in self.sequential(rows):
             yield r, content
 
     def iter_json(
         self, rows: Iterable[int] | None = None, patch: dict[str, Any] | None = None
     ) -> Iterator[tuple[int, bytes]]:
         """Bodies of ``rows`` (default: trace order), built incrementally."""
-        for r, content, cell in self._sequential(rows):
-            yield r, self.body_json(r, patch, _content=content, _cell=cell)
+        for r, content, cell in self.sequential(rows):
+            yield r, self.body_json(r, patch, content=content, cell=cell)
 
-    def _sequential(self, rows: Iterable[int] | None) -> Iterator[tuple[int, Any, _Cell]]:
+    def sequential(self, rows: Iterable[int] | None) -> Iterator[tuple[int, Any, Cell]]:
+        """The pass under :meth:`iter_content` and :meth:`iter_json`: each of
+        ``rows`` (default: trace order) with its content and the pass's cell
+        reader. Hand both to :meth:`body_json` or the reader to
+        :meth:`params_text` (verification sizes a blocks body from its params
+        without building its prompt)."""
         seq = list(self.order if rows is None else rows)
         base_col = self.column("base")
         kinds = self.column("kind")
@@ -615,8 +665,6 @@ class Trace:
     def record(self, row: int, content: Any = None) -> RequestRecord:
         """The row as a :class:`RequestRecord`, to write it into another trace
         (a subset, a merge): same body, ids, timing and recorded outcome."""
-        from replayer.trace.writer import RequestRecord
-
         c = self.column
         kind = Kind(c("kind")[row])
         out = self.outcome(row)
@@ -688,7 +736,7 @@ class Trace:
             end = start + self._batch_lengths[k]
             if not any(kinds[r] == Kind.BLOCKS for r in range(start, end)):
                 continue
-            for r, ids in enumerate(_id_arrays(self._decode(k).column("blocks")), start):
+            for r, ids in enumerate(_id_arrays(self.decode_batch(k).column("blocks")), start):
                 b = base[r]
                 kept = min(keep[r], length[b]) if b is not None else 0
                 length[r] = kept + len(ids or ())
@@ -710,20 +758,42 @@ class Trace:
         """A :class:`BodyBuilder` for a replay of ``rows``."""
         return BodyBuilder(self, rows)
 
-    def set_token_space(self, space: TokenSpace) -> None:
-        """Regenerate blocks prompts in another token range (a model's vocabulary)."""
-        self.tokens = space
-        self._prompts = BlockPrompts(space, self._prompts.cache_bytes)
+    @property
+    def tokens(self) -> TokenSpace:
+        """The token space blocks prompts are drawn from: the recorded one,
+        unless this trace was :meth:`configured` with another."""
+        return self._prompts.space
 
     @property
     def body_cache_bytes(self) -> int:
-        """The bound set by :meth:`set_body_cache`."""
+        """The bound on recent token-id prompts kept for reuse."""
         return self._prompts.cache_bytes
 
-    def set_body_cache(self, nbytes: int) -> None:
-        """Bound the memory that holds recent token-id prompts for reuse."""
-        if nbytes != self._prompts.cache_bytes:
-            self._prompts = BlockPrompts(self.tokens, nbytes)
+    def prompt_json_len(self, input_tokens: int) -> int | None:
+        """The length of a blocks prompt of ``input_tokens`` ids as JSON, known
+        without drawing it when every id in :attr:`tokens` has one width."""
+        return self._prompts.json_len(input_tokens)
+
+    def configured(
+        self, *, tokens: TokenSpace | None = None, body_cache_bytes: int | None = None
+    ) -> Trace:
+        """A sibling reading the same opened file with its own token space
+        (default: this trace's) and its own caches: an empty prompt cache
+        bounded by ``body_cache_bytes`` (default: this trace's bound), and a
+        decoded-batch LRU that starts with this trace's batches.
+
+        What a replay builds through (a model's ``--token-range``, its
+        ``--body-cache-mb``), so the caller's trace keeps its settings and
+        bodies. Copies no data: the index, the memory-mapped messages and
+        everything derived from the file alone (index columns as lists, the
+        trace order, resolved params) are the same objects, shared."""
+        sibling = copy.copy(self)  # the same file, index and _derived
+        sibling._prompts = BlockPrompts(
+            tokens or self.tokens,
+            self.body_cache_bytes if body_cache_bytes is None else body_cache_bytes,
+        )
+        sibling._batches = OrderedDict(self._batches)  # the same batches, its own order
+        return sibling
 
 
 _MARK = b"\x00prompt\x00"
@@ -786,7 +856,7 @@ class _Pass:
     def cell(self, row: int, name: str) -> Any:
         held = self.held.get(row)
         if held is None and row in self.planned:
-            k = self.trace._batch_of(row)
+            k = self.trace.batch_of(row)
             if k not in self.decoded:
                 self._extract(k)
                 held = self.held.get(row)
@@ -796,7 +866,7 @@ class _Pass:
 
     def _extract(self, k: int) -> None:
         self.decoded.add(k)
-        batch = self.trace._decode(k)
+        batch = self.trace.decode_batch(k)
         start = self.trace._batch_starts[k]
         cols = [
             _id_arrays(batch.column(n)) if n == "blocks" else batch.column(n).to_pylist()
@@ -861,7 +931,7 @@ class BodyBuilder:
         """The body as JSON bytes; ``content`` replaces the row's own (live mode)."""
         if content is None:
             content = self.content(row)
-        body = self.trace.body_json(row, patch, _content=content, _cell=self._pass.cell)
+        body = self.trace.body_json(row, patch, content=content, cell=self._pass.cell)
         self._pass.consume(row)
         planned = self._keys.pop(row, None)
         if planned is not None:
@@ -896,6 +966,3 @@ def _check_columns(p: Path, schema: pa.Schema) -> None:
         got = schema.field(f.name).type
         if got != f.type:
             raise TraceError(f"{p}: wrong schema: column {f.name!r} is {got}, expected {f.type}")
-
-
-_short = short

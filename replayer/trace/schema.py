@@ -22,7 +22,7 @@ Schema metadata carries ``replayer.format``, ``replayer.schema_version``,
 of ``blocks`` rows).
 
 Each record batch's custom metadata carries ``replayer.schema_digest`` and
-``replayer.column_digests`` (v2; see :mod:`replayer.trace.integrity`). v1 is
+``replayer.column_digests`` (v2; see :mod:`replayer.trace.digests`). v1 is
 v2 without them; v2 is v3 without the ``messages`` and ``responses`` kinds;
 :mod:`replayer.trace.compat` migrates both on open.
 """

@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.reader import Trace
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 
 def write_subset(

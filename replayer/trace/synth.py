@@ -29,9 +29,10 @@ from typing import Any
 import orjson
 
 from replayer.options.trace import SynthOptions as SynthOptions
+from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.schema import Kind
 from replayer.trace.tokens import approx_item_tokens, approx_message_tokens, approx_text_tokens
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 CHARS_PER_TOKEN = 4
 US = 1_000_000

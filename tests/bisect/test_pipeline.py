@@ -23,7 +23,7 @@ from replayer.options import Server
 from replayer.replay.plan import select
 from replayer.replay.policy import Order, ReplayPolicy, Timing
 from replayer.session import Session
-from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+from replayer.trace import RequestRecord, TokenSpace, Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,13 +64,13 @@ def synth(tmp_path, **kw):
 
 async def bisect(
     tmp_path, trace, *faults, opts=QUICK, extra=(), timing=Timing.ASAP, order=Order.STRICT,
-    watch=WATCH,
+    watch=WATCH, token_range=None,
 ):  # fmt: skip
     rows = select(trace)
     env = Session.open(
         trace,
         rows=rows,
-        policy=ReplayPolicy(timing=timing, order=order),
+        policy=ReplayPolicy(timing=timing, order=order, token_range=token_range),
         watch=watch,
         server=Server(launch=emulator_cmd(*faults, extra=extra)),
         logs=tmp_path / "bisect",
@@ -91,9 +91,16 @@ async def test_exact_prefix_for_the_nth_request(tmp_path):
     opts = BisectOptions(
         stages=("calibrate", "cut", "prefix"), calibrate_matches=2, calibrate_runs=4, confirm=0
     )
-    b, res, m = await bisect(tmp_path, t, "exit after=0.2 when request=17", opts=opts)
+    b, res, m = await bisect(
+        tmp_path, t, "exit after=0.2 when request=17", opts=opts, token_range=(100, 8193)
+    )
     assert res.status == "complete"
     assert m["prefix_length"] == 17
+    # the bundle's bodies are the trials' (their token range); the trace
+    # the bisect was handed keeps its own
+    bundled = Trace.open(tmp_path / "bisect" / "bundle" / "trace.arrow")
+    assert bundled.recorded_tokens == TokenSpace(100, 8193, t.tokens.salt)
+    assert t.tokens == TokenSpace()
     assert len(res.best.positions) == 17
     # binary search: at most ceil(log2 n) probes over the cut trace (<= 30
     # requests), then the re-check of the longest quiet prefix (16)

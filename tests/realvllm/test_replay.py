@@ -73,7 +73,7 @@ def test_blocks_prefix_cache_hits_equal_the_traces_ideal(vllm_shared, traces, tm
     rows = sorted(read_results(tmp_path / "run" / "results.arrow"), key=lambda r: r["seq"])
     trace = Trace.open(traces["blocks"])
     lo, hi = (int(x) for x in TOKEN_RANGE.split(":"))
-    trace.set_token_space(TokenSpace(lo, hi, trace.tokens.salt))
+    trace = trace.configured(tokens=TokenSpace(lo, hi, trace.tokens.salt))
     ideal = ideal_prefix_hits(trace, [r["row"] for r in rows], 128)
     assert [r["cached_tokens"] for r in rows] == ideal
     assert [r["prompt_tokens"] for r in rows] == [

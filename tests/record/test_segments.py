@@ -5,8 +5,9 @@ re-infers inferred ones across the restart, and keeps every body."""
 from __future__ import annotations
 
 from replayer.record.segments import claim, existing_segments, merge
+from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.reader import Trace
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 SYS = {"role": "system", "content": "agent"}
 

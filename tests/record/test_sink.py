@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from replayer.record.sink import TraceSink
 from replayer.testing.emulator import poll_until
+from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.reader import Trace
-from replayer.trace.writer import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace.writer import TraceWriter
 
 
 def record(rid: str, content: str, base: str | None = None) -> RequestRecord:

@@ -3,6 +3,7 @@ the same order, and a worker's death loses nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -15,9 +16,9 @@ from replayer.replay.client import Endpoint
 from replayer.replay.plan import build_plan, select
 from replayer.replay.policy import Order, ReplayPolicy, Timing
 from replayer.replay.results import read_results
-from replayer.replay.run import replay_to_dir
+from replayer.replay.run import as_replayed, replay_to_dir
 from replayer.replay.workers import ProcBodies, shard, spec_of
-from replayer.trace import Trace
+from replayer.trace import TokenSpace, Trace
 
 SAMPLES = Path(__file__).resolve().parents[2] / "traces"
 
@@ -175,3 +176,31 @@ async def test_auto_says_why_in_the_summary(emulator_factory, tmp_path, monkeypa
     bw = out.summary["body_workers"]
     assert (bw["workers"], bw["died"]) == (2, [])
     assert re.fullmatch(r"[\d,]+ MB of bodies at as fast as possible, \d+ usable CPUs", bw["auto"])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_replay_in_another_token_range_leaves_the_callers_trace_as_it_was(
+    emulator_factory, tmp_path, n
+):
+    """``--token-range`` and ``--body-cache-mb`` are the replay's: the server
+    gets the bodies of the policy's range (from this process or from the
+    workers), and the trace the caller handed in keeps its token space,
+    cache bound and bodies."""
+    trace = Trace.open(SAMPLES / "blocks-16x12.arrow")
+    recorded = dict(trace.iter_json())
+    emu = emulator_factory(["--speed", "instant"], log_bodies=True)
+    policy = ReplayPolicy(timing=Timing.ASAP, token_range=(3, 1000), body_cache_mb=1, workers=n)
+    rows = select(trace)
+    out = await replay_to_dir(trace, rows, policy, [Endpoint("e", emu.url)], tmp_path / "r")
+    assert out.exit_code == 0
+    space = TokenSpace(3, 1000, trace.recorded_tokens.salt)
+    replayed = as_replayed(trace, policy)
+    assert (replayed.tokens, replayed.body_cache_bytes) == (space, 1 << 20)
+    assert out.replay is not None and out.replay.trace.tokens == space
+    rid = trace.column("request_id")
+    bodies = reference(replayed, rows, policy)
+    want = {rid[r]: hashlib.sha256(b).hexdigest() for r, b in zip(rows, bodies, strict=True)}
+    log = [e for e in emu.read_request_log() if e["event"] == "request"]
+    assert {e["request_id"]: e["body_sha256"] for e in log} == want
+    assert (trace.tokens, trace.body_cache_bytes) == (TokenSpace(), 512 << 20)
+    assert dict(trace.iter_json()) == recorded

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from replayer.trace import RequestRecord, TraceMeta, TraceWriter
-from replayer.trace.integrity import batch_metadata
+from replayer.trace.digests import batch_metadata
 from replayer.trace.schema import META_PROVENANCE, META_VERSION
 from replayer.trace.synth import SynthOptions, sessions
 

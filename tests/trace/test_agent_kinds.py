@@ -15,9 +15,9 @@ import pytest
 from replayer.cli import main
 from replayer.errors import OptionError
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+from replayer.trace.model import kind_of
 from replayer.trace.schema import Kind
 from replayer.trace.synth import SynthOptions, sessions
-from replayer.trace.writer import kind_of
 
 
 def cli(*args: object) -> tuple[int, str, str]:

@@ -5,7 +5,7 @@ prints nothing else, writes no output, and sends nothing to the target.
 
 The commands run in process (``replayer.cli.main``); two also run as real
 subprocesses. A flip in alignment padding decodes to nothing and reads as
-the clean trace (``test_integrity`` proves that content is identical), so no
+the clean trace (``test_digests`` proves that content is identical), so no
 offset here lands in padding.
 """
 
@@ -28,7 +28,8 @@ import pytest
 
 from replayer.cli import main
 from replayer.testing.emulator import EmulatorProcess
-from replayer.trace import Trace, integrity
+from replayer.trace import Trace
+from replayer.trace.framing import scan
 
 from .fixtures import write_current
 
@@ -41,7 +42,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _offsets(path: Path) -> dict[str, tuple[int, str]]:
     """Where to flip a byte, and the part of the trace the error must name."""
     data = path.read_bytes()
-    framing = integrity.scan(pa.py_buffer(data[8:]))
+    framing = scan(pa.py_buffer(data[8:]))
     batches = [(m, a, b) for m, a, b in framing.messages if m.type == "record batch"]
     assert len(batches) == 5
     t = Trace.open(path)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -17,10 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replayer.errors import SchemaVersionError, TraceError
-from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+from replayer.trace import RequestRecord, TokenSpace, Trace, TraceMeta, TraceWriter
 from replayer.trace.schema import META_VERSION, TRACE_SCHEMA_VERSION
 
 from .test_writer import growing_session, write
+
+SAMPLES = Path(__file__).resolve().parents[2] / "traces"
 
 
 @pytest.mark.parametrize("form", ["stream", "file"])
@@ -73,6 +76,33 @@ def test_opening_reads_only_the_index(tmp_path):
     assert t._batches == {}  # nothing decoded until a body is asked for
     t.body(2)
     assert list(t._batches) == [0]
+
+
+def test_a_configured_sibling_shares_the_file_and_keeps_its_own_settings():
+    """What a replay builds through: its own token space and caches over the
+    caller's data (the same objects, no copy); the caller's trace keeps its
+    settings, caches and bodies."""
+    t = Trace.open(SAMPLES / "blocks-16x12.arrow")
+    recorded = dict(t.iter_json())
+    t.body(0)  # batch 0 decoded and kept by t
+    stats = dict(t._prompts.stats)
+    space = TokenSpace(lo=3, hi=1000, salt=t.tokens.salt)
+    s = t.configured(tokens=space, body_cache_bytes=4_000)
+    assert (s.tokens, s.body_cache_bytes) == (space, 4_000)
+    assert s.recorded_tokens == t.recorded_tokens == t.tokens == TokenSpace()
+    assert t.body_cache_bytes == 512 << 20
+    assert s.index is t.index and s._messages is t._messages and s._preludes is t._preludes
+    assert s.column("request_id") is t.column("request_id") and s.order is t.order
+    assert s._batches[0] is t._batches[0] and s._batches is not t._batches
+    assert s._prompts is not t._prompts
+    built = dict(s.iter_json())
+    kinds = t.column("kind")
+    assert all(built[r] != recorded[r] for r in range(len(t)) if kinds[r] == "blocks")
+    assert t._prompts.stats == stats  # nothing the sibling built went into t's cache
+    assert dict(t.iter_json()) == recorded
+    same = t.configured()
+    assert (same.tokens, same.body_cache_bytes) == (t.tokens, t.body_cache_bytes)
+    assert dict(same.iter_json()) == recorded
 
 
 # -- bad input ---------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Importers of public trace formats: each turns source files into
-:class:`~replayer.trace.writer.RequestRecord` values, streaming.
+:class:`~replayer.trace.model.RequestRecord` values, streaming.
 
 An importer module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``records(sources, opts) -> Iterator[RequestRecord]``; it may define
@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, cast
 
-from replayer.trace.writer import RequestRecord
+from replayer.trace.model import RequestRecord
 
 # Format name -> module; the order here is the order in --help.
 IMPORTERS: dict[str, str] = {

@@ -58,8 +58,8 @@ from replayer.trace.importers.common import (
     seconds_to_us,
     unique_stems,
 )
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "aiperf"
 HELP = "AIPerf mooncake_trace JSONL (input_length+hash_ids | text_input | messages | payload)"

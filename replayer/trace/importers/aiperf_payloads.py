@@ -46,7 +46,7 @@ from replayer.trace.importers.common import (
     load_json,
     timing_from,
 )
-from replayer.trace.writer import RequestRecord
+from replayer.trace.model import RequestRecord
 
 NAME = "aiperf-payloads"
 HELP = "AIPerf verbatim payloads: a run's inputs.json, or raw_payload JSONL files / directories"

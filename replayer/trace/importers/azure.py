@@ -44,8 +44,8 @@ from pathlib import Path
 
 from replayer.errors import ImportFormatError
 from replayer.trace.importers.common import open_text, positive_int, unique_stems
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "azure"
 HELP = "Azure LLM inference trace 2023 CSV (TIMESTAMP,ContextTokens,GeneratedTokens)"

@@ -21,8 +21,8 @@ from typing import Any
 
 from replayer.errors import ImportFormatError
 from replayer.trace.importers.common import US, load_json, require, session_starts
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "kv-cache-tester"
 HELP = "kv-cache-tester Claude Code session traces (trace_NNNN.json[.gz], 64-token hash ids)"

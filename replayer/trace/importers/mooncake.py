@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from replayer.trace.importers.common import iter_jsonl, require
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "mooncake"
 HELP = "Mooncake FAST'25 JSONL (timestamp, input/output length, 512-token hash ids)"

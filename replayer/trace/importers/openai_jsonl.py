@@ -63,8 +63,8 @@ from replayer.trace.importers.common import (
     seconds_to_us,
     unique_stems,
 )
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "openai-jsonl"
 HELP = "OpenAI request bodies, one per line (bare, or {body, request_id, session_id, ...})"

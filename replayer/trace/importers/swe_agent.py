@@ -51,8 +51,8 @@ from replayer.trace.importers.common import (
     require,
     timing_from,
 )
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "swe-agent"
 HELP = "SWE-agent .traj files and mini-swe-agent .traj.json message lists (files or dirs)"

@@ -52,8 +52,8 @@ from typing import Any
 
 from replayer.errors import ImportFormatError
 from replayer.trace.importers.common import is_int64, load_json, require
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "tau2-bench"
 HELP = "τ²-bench simulation results (JSON with simulations[], timestamps, real usage)"

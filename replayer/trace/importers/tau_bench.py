@@ -52,8 +52,8 @@ from replayer.trace.importers.common import (
     timing_from,
     unique_stems,
 )
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
-from replayer.trace.writer import RequestRecord
 
 NAME = "tau-bench"
 HELP = "τ-bench historical trajectories (JSON list of {task_id, trial, traj[]})"
