@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_arrow", "_async", "_files", "_clock", "_http", "wire"),
+    ("errors", "_arrow", "_async", "_files", "_clock", "_http", "wire", "samples"),
     ("trace",),
     ("emulator",),
     ("monitor",),
