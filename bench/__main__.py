@@ -12,8 +12,9 @@ BENCHES = (
     "trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm", "wire",
     "integrity", "bisect_fake", "agent_kinds", "wire_speed",
 )  # fmt: skip
-ON_REQUEST = ("loaded", "aiperf_inputs")
-"""Run only when named: they take the whole machine for most of an hour."""
+ON_REQUEST = ("loaded", "aiperf_inputs", "install_size")
+"""Run only when named: they take the whole machine for most of an hour, or
+(``install_size``) download the dependencies from the package index."""
 OUT = Path(__file__).resolve().parent / "out"
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_version", "_arrow", "_async", "_files", "_clock", "_http", "wire"),
+    ("errors", "_version", "_arrow", "_async", "_files", "_clock", "_http", "wire", "samples"),
     ("_declare", "_runfile"),
     ("options",),
     ("trace",),

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_TRACES = Path(__file__).resolve().parents[2] / "traces"
-DEMO_TRACE = REPO_TRACES / "agents-8x10.arrow"
+from replayer.samples import sample_trace
+
+DEMO_TRACE = sample_trace("agents-8x10.arrow")
 DEMO_FAULT = "exit gpu=hsa after=0.3 when cached_tokens>=14000 and prompt_tokens>=18000"
 
 

@@ -6,8 +6,10 @@ the point budgets and renders; a bisect directory shows its search."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -221,3 +223,13 @@ async def test_bisect_report_shows_the_search(runs, chromium, tmp_path):
     best = [y for y in json.loads(html.split('id="replayer-figures">', 1)[1].split("</script>")[0])[
         "search"]["data"][-1]["y"]]  # fmt: skip
     assert best == [48, 48, 30, 30, 22, 22, 20, 20, 6]
+
+
+def test_vendored_plotly_js_is_what_its_readme_says():
+    vendor = Path(__file__).resolve().parents[2] / "replayer" / "analysis" / "vendor"
+    js = (vendor / "plotly.min.js").read_bytes()
+    readme = (vendor / "README.md").read_text()
+    version = re.search(rb"plotly\.js v(\d+\.\d+\.\d+)", js[:100])
+    assert version and f"plotly.js v{version[1].decode()}" in readme
+    assert hashlib.sha256(js).hexdigest() in readme
+    assert (vendor / "LICENSE.plotly.txt").read_text().startswith("MIT License")

@@ -4,6 +4,7 @@ written, exit codes, one-line errors; the sweep against a real emulator."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import orjson
 
@@ -11,6 +12,8 @@ from replayer.replay.results import Result, ResultsWriter, Status, read_results
 
 from .test_replay import SAMPLE, run
 from .test_trace_cmds import assert_one_line_error
+
+PLOTLY_JS = Path(__file__).resolve().parents[2] / "replayer/analysis/vendor/plotly.min.js"
 
 
 def fake_run(path, scale, n=300, seed=1):
@@ -38,6 +41,7 @@ def test_report_writes_html(tmp_path):
     assert res.returncode == 0, res.stderr
     html = (r / "report.html").read_text()
     assert html.startswith("<!doctype html>") and "plotly.js" in html
+    assert PLOTLY_JS.read_text() in html  # inlined, from the vendored file
     assert "cdn" not in html.split("<script>", 1)[0].lower()
     out = tmp_path / "x.html"
     assert run("report", r, "-o", out).returncode == 0 and out.exists()
