@@ -94,7 +94,7 @@ class BisectOptions:
     """After a binary prefix search (a crash that looked deterministic), runs
     of the longest prefix it found quiet: each costs a deterministic crash
     one trial and catches a crash that is flaky at shorter lengths with
-    probability p (bench/RESULTS.md, issue 16)."""
+    probability p (bench/RESULTS.md, "Bisect for real crashes")."""
     shrink_steps: int = 256
     """The shrink stage cuts a text prompt, or the prose of a conversation
     item, in at most this many steps (log2 of it probes per text)."""

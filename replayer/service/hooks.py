@@ -1,19 +1,19 @@
-"""Where issue 8 (HTML reports, live metrics) plugs into the service.
+"""Where the HTML reports and live metrics plug into the service.
 
 Both are looked up at run time, so the service works before they exist and
 picks them up the moment they land, with no change here beyond the names.
 
 * **Reports.** :func:`report_writer` returns ``write_report(run_dir, out)``
-  when issue 8's module provides it (``REPORT_MODULES``). The worker calls it when a
+  when the report module provides it (``REPORT_MODULES``). The worker calls it when a
   replay or bisect ends (in the job's process, so rendering a 50,000-request
   report never blocks the API), writing ``JOB/out/report.html``; the API
   serves that file and renders one on demand, in a thread, for jobs that
   ended before the hook existed.
 
-  TODO(issue 8): ``replayer.analysis.report.write_report`` is what the work
-  tree holds as this is written; if it moves, only ``REPORT_MODULES`` changes.
+  The writer is ``replayer.analysis.report.write_report``; if it moves, only
+  ``REPORT_MODULES`` changes.
 
-* **Live metrics.** Issue 8 gives replay and bisect a ``--metrics-port P``
+* **Live metrics.** Replay and bisect take a ``--metrics-port P``
   option. :func:`metrics_port_option` finds it in the command's own parser;
   when it is there, the scheduler gives each running job a loopback port
   and ``/metrics`` appends the job's live series (labelled ``job_id``) to
@@ -40,7 +40,7 @@ REPORT_MODULES = (
 
 @functools.cache
 def report_writer() -> ReportWriter | None:
-    """Issue 8's ``write_report(run_dir, out)``, or None while it does not
+    """The report writer ``write_report(run_dir, out)``, or None while it does not
     exist (looked up once per process)."""
     for module, name in REPORT_MODULES:
         try:
@@ -67,7 +67,7 @@ def write_report(run_dir: Path, out: Path) -> bool:
 
 
 def metrics_port_option(kind: str) -> str | None:
-    """``--metrics-port`` if the job's command takes it (issue 8), else None."""
+    """``--metrics-port`` if the job's command takes it, else None."""
     from replayer.options import command_options
 
     return "--metrics-port" if "metrics_port" in command_options(kind) else None

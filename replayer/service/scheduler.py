@@ -192,7 +192,7 @@ class Scheduler:
         }
         port = None
         opt = metrics_port_option(job.kind)
-        if opt is not None:  # issue 8's live metrics: a port per attempt, not in state.json
+        if opt is not None:  # live metrics: a port per attempt, not in state.json
             port = _free_port()
             env["REPLAYER_WORKER_EXTRA_ARGV"] = orjson.dumps([f"{opt}={port}"]).decode()
         self.store.update(
