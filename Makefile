@@ -1,7 +1,8 @@
 # Two commands work on a fresh machine with only Python 3.11+ and make:
 #   make demo   - create .venv if missing, install, run the main job
 #   make test   - create .venv (and the real-vLLM environment) if missing, install
-#                 with test extras, lint, type-check, run the tests (real vLLM included)
+#                 with test extras, lint, type-check, build the docs, run the tests
+#                 (real vLLM included)
 SHELL := /bin/bash
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; \
@@ -14,7 +15,7 @@ PYTEST_ARGS ?=
 # so the servers it starts never share the cores with other tests.
 TEST_WORKERS ?= 2
 
-.PHONY: demo demo-vllm test lint bench install clean browser vllm-env
+.PHONY: demo demo-vllm test lint docs bench install clean browser vllm-env
 
 $(BIN)/python:
 	@if [ -z "$(PYTHON)" ]; then echo "make: Python 3.11+ not found (set PYTHON=...)" >&2; exit 2; fi
@@ -58,11 +59,7 @@ browser:
 vllm-env: | $(BIN)/python
 	@PYTHONPATH=. $(BIN)/python -m replayer.testing.vllm provision >/dev/null
 
-test: $(VENV)/.installed-test browser vllm-env
-	$(BIN)/ruff check replayer tests bench
-	$(BIN)/ruff format --check replayer tests bench
-	$(BIN)/mypy replayer bench
-	$(BIN)/python tests/check_layers.py
+test: lint browser vllm-env
 	@set +e; \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not realvllm" $(PYTEST_ARGS); a=$$?; \
 	$(BIN)/python -m pytest -m realvllm $(PYTEST_ARGS); b=$$?; \
@@ -70,13 +67,19 @@ test: $(VENV)/.installed-test browser vllm-env
 	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check replayer tests bench
-	$(BIN)/ruff format --check replayer tests bench
-	$(BIN)/mypy replayer bench
+	$(BIN)/ruff check replayer tests bench docs
+	$(BIN)/ruff format --check replayer tests bench docs
+	$(BIN)/mypy replayer bench docs/griffe_roles.py
 	$(BIN)/python tests/check_layers.py
+	$(BIN)/mkdocs build --strict --quiet
+
+# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or
+# anchor, a page missing from the nav or a docstring that does not render fails.
+docs: $(VENV)/.installed-test
+	$(BIN)/mkdocs build --strict
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache runs bench/out
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache runs bench/out site

@@ -82,7 +82,7 @@ estimate. A longer prefix can hold more triggers and crash more often (five
 triggers at p = 0.5 crash 97% of runs, one 50%): at full weight, its crashes
 made quiet runs of the one-trigger prefix look conclusive (exact 17 of 50 on
 the fake runner); the less weight, the more probes a steady crash pays to be
-sure (bench/RESULTS.md, issue 16)."""
+sure (bench/RESULTS.md, "Bisect for real crashes")."""
 
 
 def _lbeta(a: float, b: float) -> float:

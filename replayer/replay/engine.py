@@ -633,7 +633,7 @@ class Replay:
         """Connections for the requests due in the first second open before
         T0, as a client with a warm pool has them: a burst of new sessions
         against a server busy with prefill needs one each, and opening them
-        inside the burst made its tail late (bench/RESULTS.md, issue 17)."""
+        inside the burst made its tail late (bench/RESULTS.md, wire speed)."""
         if self._send_one is not client.send or self.clock is not REAL:
             return  # a test's fake sender opens nothing
         n = min(due, PREOPEN_MAX, self.policy.max_inflight or due)

@@ -5,7 +5,7 @@ Why not aiohttp's client here: a burst of hundreds of sessions due at one
 instant leaves only as fast as the client's per-request work allows, and
 aiohttp's (its request and response objects, the stream reader, a task
 wake-up per chunk) put the same 710 pre-built bodies on the wire in 265 ms
-where a bare protocol took 146 (bench/RESULTS.md, issue 17). Here a
+where a bare protocol took 146 (bench/RESULTS.md, wire speed). Here a
 response's chunks go from ``data_received`` straight to the caller's sink,
 on the loop callback that read them, stamped with the time they came.
 
@@ -279,7 +279,7 @@ event loop; a request that would pass it waits for the next turn (one alone
 always goes, whatever its size). On loopback a socket write of a megabyte
 costs the kernel 3-10 ms on this machine's VM: thirty sessions due in the
 same millisecond, each writing its body in the same turn, kept the loop
-from its timers and signals for 20-35 ms (bench/RESULTS.md, issue 17)."""
+from its timers and signals for 20-35 ms (bench/RESULTS.md, wire speed)."""
 
 
 class Gate:

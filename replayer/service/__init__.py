@@ -22,7 +22,7 @@ A lab runs the reproducer next to its GPU servers: people submit jobs
 * :mod:`~replayer.service.server`, :mod:`~replayer.service.launcher`: running
   it (one serve per data directory), and running it as a subprocess in tests
   and benchmarks;
-* :mod:`~replayer.service.hooks`: where issue 8's reports and live metrics plug in.
+* :mod:`~replayer.service.hooks`: where the HTML reports and live metrics plug in.
 
 Nothing in :mod:`replayer` imports this package except ``replayer.cli.serve``.
 """

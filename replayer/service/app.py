@@ -19,7 +19,7 @@ token, see :mod:`replayer.service.auth`)::
     GET  /api/jobs/{id}/files              {"files": [{"path", "bytes"}]} under out/
     GET  /api/jobs/{id}/files/{path}       one file under out/
     GET  /api/jobs/{id}/bundle             out/bundle.tar.gz
-    GET  /api/jobs/{id}/report             the HTML report (issue 8's writer)
+    GET  /api/jobs/{id}/report             the HTML report
 
 Errors are ``{"error": "one line"}`` with 400 (bad input, refused paths,
 launch commands in a body), 401, 404, 409 (a state conflict), 413 (upload
@@ -285,7 +285,7 @@ class Service:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _fetch_job_metrics(self) -> None:
-        """Issue 8's live metrics of each running job (see hooks)."""
+        """The live metrics of each running job (see hooks)."""
         ports = {
             jid: r.metrics_port
             for jid, r in self.scheduler.running.items()

@@ -13,7 +13,7 @@ Names (what the Grafana dashboard in ``docker/`` and its test refer to):
 * ``replayer_serve_upload_bytes_total``;
 * ``replayer_serve_info{version}``.
 
-Issue 8's live replay and bisect metrics come from the jobs' own processes
+The live replay and bisect metrics come from the jobs' own processes
 (:mod:`replayer.service.hooks`); :class:`JobMetrics` appends the ones each
 running job exposes, labelled ``job_id``.
 """
@@ -53,7 +53,7 @@ class _JobsCollector(Collector):
 
 
 class JobMetrics(Collector):
-    """Live metrics of running jobs (issue 8), fetched just before a scrape."""
+    """Live metrics of running jobs, fetched just before a scrape."""
 
     def __init__(self) -> None:
         self.texts: dict[str, str] = {}
