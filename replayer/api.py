@@ -329,6 +329,8 @@ class RateResult:
 
     runs: tuple[CheckResult, ...]
     out: Path
+    policy: ReplayPolicy
+    """The policy every run replayed under (a bundle's: the one its bisect found)."""
     unexercised: str | None = None
     """A run exercised nothing: the rest were not run, nothing is counted."""
     variants: Mapping[str, Any] | None = None
@@ -574,8 +576,8 @@ async def _rate(session: Session, n: int, out: Path, label: str) -> RateResult:
     try:
         results = await session.runs(n, out, label=label)
     except NotExercised as exc:
-        return RateResult((), out, unexercised=str(exc))
-    return RateResult(tuple(CheckResult.of(r, out) for r in results), out)
+        return RateResult((), out, session.policy, unexercised=str(exc))
+    return RateResult(tuple(CheckResult.of(r, out) for r in results), out, session.policy)
 
 
 async def soak(
@@ -866,9 +868,8 @@ async def bisect(
             chase=chase,
             facts=session.facts,
             say=say,
+            vary=bisect_hook(plan, session) if plan is not None else None,
         )
-        if plan is not None:
-            b.vary = bisect_hook(plan, session)
         if lm is not None:
             lm.attach_bisect(b)
         if is_server:

@@ -6,11 +6,11 @@ import its own layer and the ones below it, never one above. Every import
 counts: module level, inside a function (lazy imports are still
 dependencies) and under ``TYPE_CHECKING`` (a type named from a higher layer
 ties the lower one to it just the same). The root ``replayer/__init__.py``
-is the facade: it names the public API from every layer, lazily, and is the
-only module exempt. Within a layer, modules may import each other but not
-in a cycle (a cycle is one module in two files). In the units of
-:data:`STRICT_CYCLES` every import counts for cycles too; elsewhere, for
-now, a ``TYPE_CHECKING`` import back to the module that calls you does not.
+is the facade: it names the public API from every layer, lazily, so it is a
+layer of its own above all of them but the command line. Within a layer,
+modules may import each other but not in a cycle, type-only imports
+included (a cycle is one module in two files: naming a type from the module
+that imports you ties the two just the same).
 
 Exit 0 when clean, 1 with one line per violation.
 """
@@ -41,15 +41,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("service",),
     ("api",),
     ("testing",),
+    ("__init__",),
     ("cli", "__main__"),
 )
 """Bottom first: the trace format and the leaves, then the pipeline's stages
 in the order they build on each other, then the layers over all of them."""
-
-STRICT_CYCLES: frozenset[str] = frozenset({"trace"})
-"""Units whose cycles count type-only imports too: naming a type from the
-module that imports you still makes the two one module in two files. Every
-unit joins once it is clean under the rule (``bisect`` is not yet)."""
 
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 FACADE = "replayer"
@@ -64,28 +60,22 @@ def module_name(root: Path, path: Path) -> str:
 
 def unit_of(module: str) -> str | None:
     parts = module.split(".")
-    if parts[0] != FACADE or len(parts) == 1:
+    if parts[0] != FACADE:
         return None
-    return parts[1]
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _type_only(tree: ast.AST) -> set[int]:
-    """Ids of the import nodes under ``if TYPE_CHECKING:``."""
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for stmt in node.body:
-                out.update(id(n) for n in ast.walk(stmt))
-    return out
-
-
-def imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[int, str, bool]]:
-    """(line, imported module, type only) for every import of a replayer module."""
-    typed = _type_only(tree)
+def imports(
+    tree: ast.AST, module: str, is_package: bool, known: set[str]
+) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import of a replayer module. The
+    facade counts only where it is the thing imported (``import replayer``,
+    ``from replayer import Name``), not as the parent of a module named from
+    it (``from replayer import api`` imports ``replayer.api``)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                yield node.lineno, a.name, id(node) in typed
+                yield node.lineno, a.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = module.split(".")
@@ -95,9 +85,11 @@ def imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[int,
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            yield node.lineno, target, id(node) in typed
-            for a in node.names:  # ``from replayer.x import y`` may name module y
-                yield node.lineno, f"{target}.{a.name}", id(node) in typed
+            named = [f"{target}.{a.name}" for a in node.names]
+            if target != FACADE or any(n not in known for n in named):
+                yield node.lineno, target
+            for n in named:  # ``from replayer.x import y`` may name module y
+                yield node.lineno, n
 
 
 def check(root: Path) -> list[str]:
@@ -111,11 +103,11 @@ def check(root: Path) -> list[str]:
         mod = module_name(root, f)
         unit = unit_of(mod)
         tree = ast.parse(f.read_text(), str(f))
-        for line, target, type_only in imports(tree, mod, f.name == "__init__.py"):
-            if target not in known or mod.startswith(target + "."):
+        for line, target in imports(tree, mod, f.name == "__init__.py", known):
+            if target not in known or (target != FACADE and mod.startswith(target + ".")):
                 continue  # a name, not a module; or the package being initialized anyway
             other = unit_of(target)
-            if mod == FACADE or other is None or unit is None:
+            if other is None or unit is None:
                 continue
             if unit not in RANK or other not in RANK:
                 missing = unit if unit not in RANK else other
@@ -126,7 +118,7 @@ def check(root: Path) -> list[str]:
                     f"{f}:{line}: upward import: {mod} ({unit}) imports {target} "
                     f"({other}, a higher layer)"
                 )
-            if other == unit and target != mod and (unit in STRICT_CYCLES or not type_only):
+            if other == unit and target != mod:
                 graph[mod].add(target)
     problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
     return problems

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.check_layers import LAYERS, STRICT_CYCLES, check
+from tests.check_layers import LAYERS, check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "check_layers.py"
@@ -87,22 +87,32 @@ def test_a_cycle_inside_a_layer_and_an_unplaced_package_fail(tmp_path):
     assert any(p.startswith("import cycle: ") and "replayer.trace.schema" in p for p in got), got
 
 
-def test_a_type_only_cycle_fails_in_a_strict_unit_only(tmp_path):
-    """In ``trace`` (strict) a type named back from the module that imports
-    you is a cycle; in a unit not yet strict it is still let through."""
+def test_a_type_only_cycle_fails(tmp_path):
+    """A type named back from the module that imports you is a cycle too."""
     pkg = _copy(tmp_path)
     before = check(pkg)
     _append(
-        pkg / "trace" / "schema.py",
-        "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-        "    from replayer.trace.reader import Trace  # noqa\n",
+        pkg / "monitor" / "watch.py",
+        "\n\nif TYPE_CHECKING:\n    from replayer.monitor.signature import Signature  # noqa\n",
     )
     _append(
-        pkg / "monitor" / "health.py",
-        "\n\nif TYPE_CHECKING:\n    from replayer.monitor.watch import WatchConfig  # noqa\n",
+        pkg / "monitor" / "signature.py",
+        "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from replayer.monitor.watch import WatchConfig  # noqa\n",
     )
     new = _new(pkg, before)
     assert len(new) == 1 and new[0].startswith("import cycle: "), new
-    assert "replayer.trace.reader" in new[0] and "replayer.trace.schema" in new[0]
-    assert "monitor" not in new[0]
-    assert {"trace"} == STRICT_CYCLES
+    assert "replayer.monitor.signature" in new[0] and "replayer.monitor.watch" in new[0]
+
+
+def test_the_facade_is_a_layer_too(tmp_path):
+    """Only the command line sits above ``replayer/__init__.py``: a stage
+    that imports it (``import replayer``) reaches up to every layer."""
+    pkg = _copy(tmp_path)
+    before = check(pkg)
+    health = pkg / "monitor" / "health.py"
+    line = _append(health, "\nimport replayer  # noqa\n")
+    assert _new(pkg, before) == [
+        f"{health}:{line + 1}: upward import: replayer.monitor.health (monitor) imports "
+        "replayer (__init__, a higher layer)"
+    ]

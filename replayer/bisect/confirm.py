@@ -15,10 +15,10 @@ from replayer.bisect.runner import observed
 from replayer.bisect.stats import repeats_for
 
 if TYPE_CHECKING:
-    from replayer.bisect.pipeline import Bisect
+    from replayer.bisect.state import Search
 
 
-async def confirm(b: Bisect) -> None:
+async def confirm(b: Search) -> None:
     """``opts.confirm`` runs of the best (journaled ones count), then the control's."""
     n = b.opts.confirm
     for _ in range(max(0, n - confirm_counts(b)[1])):
@@ -31,7 +31,7 @@ REVISIT_MAX = 64
 """Requests a revisit tries to drop at most (latest first)."""
 
 
-async def revisit(b: Bisect) -> bool:
+async def revisit(b: Search) -> bool:
     """A flaky result may still hold requests the search dropped nothing for:
     a sub-candidate dismissed after quiet runs its own rate made likely (at
     p = 0.5 one quiet run dismisses a crashing candidate half the time).
@@ -60,12 +60,12 @@ async def revisit(b: Bisect) -> bool:
     return changed
 
 
-def confirm_counts(b: Bisect) -> tuple[int, int]:
+def confirm_counts(b: Search) -> tuple[int, int]:
     ok = b.stage_runs(b.best, "confirm")
     return sum(r.outcome is Outcome.MATCH for r in ok), len(ok)
 
 
-async def control_runs(b: Bisect, n: int) -> None:
+async def control_runs(b: Search, n: int) -> None:
     """Runs on the control until it has ``n`` (``control.jsonl``, resumable).
     They are outside the oracle: the control's crashes must not steer the search."""
     assert b.control is not None and b.control_runner is not None
@@ -81,7 +81,7 @@ async def control_runs(b: Bisect, n: int) -> None:
         b.say(f"control {b.control.name} {i + 1}/{n}: {obs.outcome.value}")
 
 
-def control_counts(b: Bisect) -> tuple[int, int] | None:
+def control_counts(b: Search) -> tuple[int, int] | None:
     """(crashes, runs) on the control: any failure counts, the chased one or not."""
     path = b.out / "control.jsonl"
     if b.control is None or not path.exists():

@@ -8,17 +8,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayer.bisect.confirm import confirm_counts, control_counts
+from replayer.bisect.edit import Edit
 from replayer.bisect.oracle import Outcome
-from replayer.bisect.shrink import Edit, threshold_line
+from replayer.bisect.shrink import threshold_line
 from replayer.bisect.stats import fisher_one_sided, rate_dict
 from replayer.bundle.export import write_bundle
 from replayer.replay.run import as_replayed, sha256_file
 
 if TYPE_CHECKING:
-    from replayer.bisect.pipeline import Bisect
+    from replayer.bisect.state import Search
 
 
-def manifest(b: Bisect, status: str) -> dict[str, Any]:
+def manifest(b: Search, status: str) -> dict[str, Any]:
     k, n = confirm_counts(b)
     m: dict[str, Any] = {
         "status": status,
@@ -46,13 +47,13 @@ def manifest(b: Bisect, status: str) -> dict[str, Any]:
     return m
 
 
-def shrink_dict(b: Bisect) -> dict[str, Any] | None:
+def shrink_dict(b: Search) -> dict[str, Any] | None:
     if b.shrunk is None:
         return None
     return {**b.shrunk, "text": threshold_line(b.shrunk), "edit": b.best.edit}
 
 
-def signature_dict(b: Bisect) -> dict[str, Any] | None:
+def signature_dict(b: Search) -> dict[str, Any] | None:
     c = b.chase
     if b.signature is not None:
         return {
@@ -73,7 +74,7 @@ def signature_dict(b: Bisect) -> dict[str, Any] | None:
     return None
 
 
-def write(b: Bisect, status: str) -> Path | None:
+def write(b: Search, status: str) -> Path | None:
     """The bundle directory (and its tarball), or None with ``bundle=False``."""
     if not b.opts.bundle:
         return None

@@ -46,7 +46,7 @@ class Candidate:
     timing: str = "recorded"
     speed: float = 1.0
     edit: str = ""
-    """Canonical JSON of a :class:`replayer.bisect.shrink.Edit` (empty: the
+    """Canonical JSON of a :class:`replayer.bisect.edit.Edit` (empty: the
     recorded bodies). Kept as text so the journal and the key stay plain."""
 
     def key(self) -> str:

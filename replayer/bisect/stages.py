@@ -1,5 +1,5 @@
 """The passes of a bisect, each over the best candidate so far (the pipeline's doc
-lists them). A pass only asks the oracle and calls :meth:`Bisect.improve`:
+lists them). A pass only asks the oracle and calls :meth:`Search.improve`:
 it never runs a trial itself, so every pass is journaled, cached and
 resumable the same way, whoever the runner is."""
 
@@ -17,14 +17,14 @@ from replayer.bisect.stats import describe_rate, zero_upper
 from replayer.replay.policy import Timing
 
 if TYPE_CHECKING:
-    from replayer.bisect.pipeline import Bisect
+    from replayer.bisect.state import Search
 
 
 class NotReproducible(Exception):
     """Calibration saw no crash of the full trace."""
 
 
-async def calibrate(b: Bisect) -> None:
+async def calibrate(b: Search) -> None:
     """Replay the full selection until ``calibrate_matches`` matches or
     ``calibrate_runs`` runs: the first crash pins the chase, the rate sets
     how many quiet runs dismiss a candidate."""
@@ -51,7 +51,7 @@ async def calibrate(b: Bisect) -> None:
     b.say(f"== calibrate: {describe_rate(k, n)}; chasing {chased or 'the first crash'}")
 
 
-def first_match(b: Bisect) -> TrialRecord | None:
+def first_match(b: Search) -> TrialRecord | None:
     """The first matching run of the current best (or of anything)."""
     for rec in b.oracle.history():
         if rec.outcome is Outcome.MATCH and rec.key == b.best.key():
@@ -59,7 +59,7 @@ def first_match(b: Bisect) -> TrialRecord | None:
     return next((r for r in b.oracle.history() if r.outcome is Outcome.MATCH), None)
 
 
-def failure_point(b: Bisect) -> tuple[int | None, list[int]]:
+def failure_point(b: Search) -> tuple[int | None, list[int]]:
     """(1 + the last position sent by the failure, positions in flight then),
     from the first matching run of the current best."""
     rec = first_match(b)
@@ -74,7 +74,7 @@ def failure_point(b: Bisect) -> tuple[int | None, list[int]]:
     return rec.reached, rec.inflight
 
 
-async def cut(b: Bisect) -> None:
+async def cut(b: Search) -> None:
     """Drop every request sent after the failure (one trial, no search)."""
     end, _ = failure_point(b)
     positions = b.best.positions
@@ -88,7 +88,7 @@ async def cut(b: Bisect) -> None:
         b.improve(cand, "cut")
 
 
-async def prefix(b: Bisect) -> None:
+async def prefix(b: Search) -> None:
     """The shortest crashing prefix in trace order (the crash may come after
     its trigger, so the failure point is only an upper bound)."""
     items = list(b.best.positions)
@@ -108,7 +108,7 @@ async def prefix(b: Bisect) -> None:
     b.improve(b.candidate(items[:h]), "prefix")
 
 
-def session_order(b: Bisect, positions: Sequence[int], pinned: str) -> list[str]:
+def session_order(b: Search, positions: Sequence[int], pinned: str) -> list[str]:
     """Other sessions, likely culprits first: named in the crash dump, in
     flight at the crash, then by how recently they sent a request."""
     last_seen: dict[str, int] = {}
@@ -136,7 +136,7 @@ def session_order(b: Bisect, positions: Sequence[int], pinned: str) -> list[str]
     return sorted(rank, key=rank.__getitem__)
 
 
-async def sessions(b: Bisect) -> None:
+async def sessions(b: Search) -> None:
     """The fewest sessions that still crash, the last request's pinned."""
     positions = list(b.best.positions)
     pinned = b.session(positions[-1])
@@ -153,7 +153,7 @@ async def sessions(b: Bisect) -> None:
     b.improve(b.candidate([p for p in positions if b.session(p) in keep]), "sessions")
 
 
-async def turns(b: Bisect) -> None:
+async def turns(b: Search) -> None:
     """The fewest requests of those sessions, the last one pinned, newest first."""
     positions = list(b.best.positions)
     last = positions[-1]
@@ -166,7 +166,7 @@ async def turns(b: Bisect) -> None:
     b.improve(b.candidate([last, *kept]), "turns")
 
 
-async def timing(b: Bisect) -> None:
+async def timing(b: Search) -> None:
     """Faster replay (each speed-up, then ``asap``), kept only while the
     crash survives, and only if it then crashes on every run: every later
     run of the bundle is cheaper."""
@@ -193,7 +193,7 @@ async def timing(b: Bisect) -> None:
         b.write_bundle("in_progress")
 
 
-async def reproduces(b: Bisect, cand: Candidate, stage: str) -> bool:
+async def reproduces(b: Search, cand: Candidate, stage: str) -> bool:
     """``cand`` crashed on each of ``calibrate_matches`` (at least 2) runs of
     ``stage``; journaled runs count first, so a resumed bisect repeats none."""
     need = max(2, b.opts.calibrate_matches)

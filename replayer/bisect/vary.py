@@ -69,7 +69,7 @@ from replayer.target.facts import redact_command
 from replayer.target.process import split_command
 
 if TYPE_CHECKING:
-    from replayer.bisect.pipeline import Bisect
+    from replayer.bisect.state import Search
     from replayer.trace.reader import Trace
 
 DEFAULT_RUNS = 5
@@ -686,11 +686,11 @@ async def run_plan(
     return report
 
 
-def bisect_hook(plan: VaryPlan, session: Session) -> Callable[[Bisect], Awaitable[None]]:
+def bisect_hook(plan: VaryPlan, session: Session) -> Callable[[Search], Awaitable[None]]:
     """What a bisect runs after confirming: the variants on its best repro,
     the confirm runs as the control row, the report in ``b.variants``."""
 
-    async def hook(b: Bisect) -> None:
+    async def hook(b: Search) -> None:
         await b.aclose()  # the variants launch on the same port
         k, n = confirm_counts(b)
         b.say(f"== vary: {sum(a.launch is not None for a in plan.variants)} variant(s)")

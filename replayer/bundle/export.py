@@ -63,7 +63,7 @@ def write_bundle(
     write_subset(trace, rows, tmp / "trace.arrow", details={"bundle": True}, edit=edit)
     sub = Trace.open(tmp / "trace.arrow")
     with (tmp / "requests.jsonl").open("wb") as f:
-        for line in jsonl_lines(sub):
+        for line in jsonl_lines(sub, tokens=True):
             f.write(line + b"\n")
     ids = [sub.column("request_id")[r] for r in sub.order]
     full = {

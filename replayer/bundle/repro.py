@@ -5,12 +5,18 @@ Standard library only: copy the bundle anywhere and run
 
     python3 repro.py --url http://HOST:PORT
 
-It sends the requests of ``requests.jsonl`` in their recorded order and
-timing (each request no earlier than its recorded offset, and never before
-the previous turn of its session has completed plus its recorded think
-gap), streaming, with ``X-Request-Id`` set to the trace request id; a bundle
-made in ``admitted`` order also waits for each response's headers before the
-next request, so the engine admits them in order. It exits 1 if the server
+It sends the requests of ``requests.jsonl`` under the replay policy the
+bisect found the repro with (``manifest.json``; ``--show-policy`` prints it):
+in trace order (``strict``: each on the wire before the next; ``admitted``:
+each answered with headers before the next, so the engine admits them in
+order; ``session``: per session only), at their recorded timing (``recorded``:
+no earlier than its recorded offset and never before the previous turn of its
+session has completed plus its recorded think gap; ``gaps``: the think gaps
+alone; ``asap``), divided by ``speed``, at most ``max_inflight`` at once,
+streaming with usage, with ``X-Request-Id`` set to the trace request id and
+the session in its header. A policy this script cannot replay (``live``
+mode, re-chained Responses requests) is refused with exit 2: ``replayer
+bundle verify`` replays those. It exits 1 if the server
 failed (connection refused or reset, a 5xx, a server error event inside a
 stream, a stream cut before ``[DONE]``, a timeout), 0 if every request
 completed, 2 on bad usage, 4 if most requests were rejected as client
@@ -72,26 +78,25 @@ def send(
     res: Result,
     args: argparse.Namespace,
     t0: float,
+    policy: dict[str, Any],
 ) -> None:
     body = dict(row["body"])
-    if args.model:
-        body["model"] = args.model
-    if not args.no_stream:
+    if policy.get("model"):
+        body["model"] = policy["model"]
+    if policy.get("force_stream", True):
         body["stream"] = True
         opts = dict(body.get("stream_options") or {})
         opts["include_usage"] = True
         body["stream_options"] = opts
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-    headers = {
-        "Content-Type": "application/json",
-        "X-Request-Id": row["request_id"],
-        "X-Session-Id": row["session_id"],
-    }
+    headers = {"Content-Type": "application/json", "X-Request-Id": row["request_id"]}
+    if policy.get("session_header"):
+        headers[policy["session_header"]] = row["session_id"]
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if key:
         headers["Authorization"] = f"Bearer {key}"
     conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(url.hostname or "", url.port, timeout=args.timeout)
+    conn = conn_cls(url.hostname or "", url.port, timeout=float(policy["request_timeout"]))
     try:
         try:
             conn.request("POST", url.path.rstrip("/") + row["path"], body=data, headers=headers)
@@ -164,9 +169,74 @@ def health(url: urllib.parse.SplitResult) -> str:
         return f"no answer ({type(exc).__name__})"
 
 
+POLICY_DEFAULTS: dict[str, Any] = {
+    "timing": "recorded",
+    "order": "strict",
+    "speed": 1.0,
+    "max_inflight": None,
+    "mode": "verbatim",
+    "force_stream": True,
+    "model": None,
+    "skip_over_context": False,
+    "request_timeout": 1800.0,
+    "on_failure": "stop",
+    "session_header": "X-Session-Id",
+    "token_range": None,
+    "save_output": False,
+    "body_cache_mb": 512,
+    "responses_state": "expand",
+    "workers": "auto",
+}
+"""A policy field a bundle's manifest lacks (an older replayer's) has its default."""
+
+
+def policy_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The bundle's policy (its manifest), with what the command line overrides."""
+    policy = dict(POLICY_DEFAULTS)
+    manifest = HERE / "manifest.json"
+    if manifest.exists():
+        policy.update(json.loads(manifest.read_text()).get("policy") or {})
+    for key, value in (
+        ("speed", args.speed),
+        ("timing", args.timing),
+        ("order", args.order),
+        ("model", args.model),
+        ("max_inflight", args.max_inflight),
+        ("request_timeout", args.timeout),
+    ):
+        if value is not None:
+            policy[key] = value
+    if args.no_stream:
+        policy["force_stream"] = False
+    return policy
+
+
+def refused(policy: dict[str, Any], rows: list[dict[str, Any]]) -> str | None:
+    """Why this script cannot replay ``policy`` as the bisect did (None: it can)."""
+    if policy.get("mode") == "live":
+        return "mode live (the target's own replies replace recorded turns)"
+    chained = any("previous_response_id" in (r.get("body") or {}) for r in rows)
+    if policy.get("responses_state") == "chain" and chained:
+        return "responses_state chain (Responses requests re-pointed at live response ids)"
+    return None
+
+
+def max_model_len(url: urllib.parse.SplitResult) -> int | None:
+    """The served model's context length (``/v1/models``), or None."""
+    try:
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+        conn.request("GET", url.path.rstrip("/") + "/v1/models")
+        data = json.loads(conn.getresponse().read())
+        conn.close()
+        lens = [m.get("max_model_len") for m in data.get("data", []) if isinstance(m, dict)]
+        return min((n for n in lens if isinstance(n, int)), default=None)
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    ap.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
     ap.add_argument("--requests", type=Path, default=HERE / "requests.jsonl")
     ap.add_argument(
         "--speed",
@@ -174,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="divide recorded times by this (default: the bundle's policy)",
     )
-    ap.add_argument("--timing", choices=("recorded", "asap"), default=None)
+    ap.add_argument("--timing", choices=("recorded", "gaps", "asap"), default=None)
+    ap.add_argument("--order", choices=("strict", "admitted", "session"), default=None)
+    ap.add_argument("--max-inflight", type=int, default=None, metavar="N")
     ap.add_argument(
         "--model", default=None, help="replace the model of every body (default: the bundle's)"
     )
@@ -182,57 +254,98 @@ def main(argv: list[str] | None = None) -> int:
         "--api-key-env", default=None, metavar="VAR", help="send $VAR as the bearer token"
     )
     ap.add_argument("--no-stream", action="store_true", help="send bodies' own stream flag")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per request")
+    ap.add_argument(
+        "--show-policy",
+        action="store_true",
+        help="print the replay policy this run applies (JSON) and exit",
+    )
     args = ap.parse_args(argv)
+    policy = policy_of(args)
+    if args.show_policy:
+        print(json.dumps(policy, sort_keys=True))
+        return 0
+    if not args.url:
+        print("repro.py: error: --url is required", file=sys.stderr)
+        return 2
     url = urllib.parse.urlsplit(args.url)
     if url.scheme not in ("http", "https") or not url.hostname:
         print(
             f"repro.py: error: --url must be http(s)://HOST:PORT, not {args.url!r}", file=sys.stderr
         )
         return 2
-    policy = {}
-    manifest = HERE / "manifest.json"
-    if manifest.exists():
-        policy = json.loads(manifest.read_text()).get("policy", {})
-    speed = args.speed or float(policy.get("speed", 1.0))
-    args.model = args.model or policy.get("model")
-    timing = args.timing or ("asap" if policy.get("timing") == "asap" else "recorded")
-    admitted = policy.get("order") == "admitted"
     try:
         rows = load(args.requests)
     except (OSError, ValueError, KeyError) as exc:
         print(f"repro.py: error: cannot read {args.requests}: {exc}", file=sys.stderr)
         return 2
-    print(f"replaying {len(rows)} requests against {args.url} ({timing}, speed {speed:g})")
+    why = refused(policy, rows)
+    if why is not None:
+        print(
+            f"repro.py: error: this bundle was found with {why}, which this script does not "
+            "replay: use `replayer bundle verify` on it",
+            file=sys.stderr,
+        )
+        return 2
+    speed = float(policy["speed"])
+    timing, order = policy["timing"], policy["order"]
+    print(
+        f"replaying {len(rows)} requests against {args.url} ({timing}, {order} order, "
+        f"speed {speed:g})"
+    )
+    limit = max_model_len(url) if policy.get("skip_over_context") else None
+    slots = threading.BoundedSemaphore(policy["max_inflight"] or len(rows) or 1)
+    stop_on_failure = policy.get("on_failure", "stop") == "stop"
     t0 = time.monotonic()
     first = rows[0]["start_us"] if rows else 0
     results = [Result(r["request_id"]) for r in rows]
     last: dict[str, int] = {}
     threads = []
+    wait = float(policy["request_timeout"])
+
+    def run(i: int, row: dict[str, Any]) -> None:
+        try:
+            send(url, row, results[i], args, t0, policy)
+        finally:
+            slots.release()
+
     for i, row in enumerate(rows):
-        if any(r.failed for r in results[:i]):
+        if stop_on_failure and any(r.failed for r in results[:i]):
             break  # the server failed: what follows is not sent
+        if limit is not None and (row.get("input_tokens") or 0) >= limit:
+            results[i].status = "skipped (over the context length)"
+            results[i].done.set()
+            results[i].sent.set()
+            results[i].answered.set()
+            continue
         prev = last.get(row["session_id"])
-        at = 0.0 if timing == "asap" else (row["start_us"] - first) / 1e6 / speed
+        if timing == "asap" or (timing == "gaps" and prev is not None):
+            at = 0.0
+        else:
+            at = (row["start_us"] - first) / 1e6 / speed
         if prev is not None:
             p = results[prev]
-            p.done.wait(args.timeout + 5)
+            p.done.wait(wait + 5)
             gap = 0.0
             pend = rows[prev].get("end_us")
-            if timing == "recorded" and pend is not None:
+            if timing != "asap" and pend is not None:
                 gap = max(0, row["start_us"] - pend) / 1e6 / speed
             at = max(at, p.done_at + gap)
         delay = t0 + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        th = threading.Thread(target=send, args=(url, row, results[i], args, t0), daemon=True)
+        slots.acquire()
+        th = threading.Thread(target=run, args=(i, row), daemon=True)
         th.start()
         threads.append(th)
         # strict order: on the wire before the next; admitted: taken by the engine
-        (results[i].answered if admitted else results[i].sent).wait(args.timeout)
+        if order == "admitted":
+            results[i].answered.wait(wait)
+        elif order == "strict":
+            results[i].sent.wait(wait)
         last[row["session_id"]] = i
     for th in threads:
-        th.join(args.timeout + 5)
+        th.join(wait + 5)
     failed = [r for r in results if r.failed]
     for r in results:
         print(f"  {r.rid:40s} {r.status}" + (f": {r.detail}" if r.detail else ""))

@@ -1,6 +1,6 @@
 """The ``replayer`` command line: parse, call one :mod:`replayer.api` verb, print.
 
-Each command module exposes ``register(subparsers)``; its flags come from
+Each command module exposes ``register(subparsers, argv)``; its flags come from
 the declared options (:mod:`replayer.options`, rendered by
 :mod:`replayer.cli.args`). Only the module of the command being run is
 imported (``replayer --help`` lists the others from :data:`COMMANDS`), and
@@ -84,7 +84,8 @@ def build_parser(argv: Sequence[str] | None = None, *, full: bool = False) -> Pa
         "-v", "--verbose", action="count", default=0, help="more log output (repeatable)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    chosen = _command_in(sys.argv[1:] if argv is None else argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    chosen = _command_in(words)
     wanted = {m for m, _ in COMMANDS.values()} if full else set()
     if chosen is not None:
         wanted.add(COMMANDS[chosen][0])
@@ -92,7 +93,7 @@ def build_parser(argv: Sequence[str] | None = None, *, full: bool = False) -> Pa
     for name, (module, help_text) in COMMANDS.items():
         if module in wanted:
             if module not in registered:
-                importlib.import_module(module).register(sub)
+                importlib.import_module(module).register(sub, () if full else words)
                 registered.add(module)
         else:
             sub.add_parser(name, help=help_text)

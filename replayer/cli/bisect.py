@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from replayer.cli.args import add_options, build
 from replayer.cli.check import server_from
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, argv: Sequence[str] = ()) -> None:
     p = sub.add_parser(
         "bisect",
         help="minimize a crashing trace to a repro bundle",

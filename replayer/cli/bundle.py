@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from replayer.cli.check import server_from
 EXIT_NOT_EXERCISED = 4
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, argv: Sequence[str] = ()) -> None:
     p = sub.add_parser("bundle", help="work with repro bundles")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(p))
     v = verbs.add_parser(

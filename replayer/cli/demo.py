@@ -22,6 +22,7 @@ import shlex
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ DEMO_TRACE = sample_trace("agents-8x10.arrow")
 DEMO_FAULT = "exit gpu=hsa after=0.3 when cached_tokens>=14000 and prompt_tokens>=18000"
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, argv: Sequence[str] = ()) -> None:
     p = sub.add_parser(
         "demo",
         help="crash the built-in emulator, bisect the trace, bundle it",

@@ -8,6 +8,7 @@ stderr and exit code 2, before the port is bound.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 EPILOG = """\
@@ -25,7 +26,7 @@ environment: VLLM_SERVER_DEV_MODE=1 (dev endpoints), VLLM_API_KEY,
 """
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, argv: Sequence[str] = ()) -> None:
     from replayer.emulator.config import add_arguments
 
     p = sub.add_parser(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ join segments with `replayer trace merge`. Stop with Ctrl-C or SIGTERM.
 """
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, argv: Sequence[str] = ()) -> None:
     p = sub.add_parser(
         "record",
         help="record agent traffic through a transparent proxy",

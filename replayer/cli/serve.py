@@ -15,13 +15,14 @@ serve refuses any non-loopback address; on loopback it generates one into
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from replayer import options
 from replayer.cli.args import add_options, build
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, argv: Sequence[str] = ()) -> None:
     p = sub.add_parser(
         "serve",
         help="run the job service (HTTP API, persistence, auth)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,8 @@ from replayer.cli.args import add_options, build
 from replayer.errors import UsageError
 
 
-def register(sub: Any) -> None:
-    from replayer.trace.importers import IMPORTERS, load
+def register(sub: Any, argv: Sequence[str] = ()) -> None:
+    from replayer.trace.importers import IMPORTERS, help_of, load
 
     p = sub.add_parser(
         "import",
@@ -23,9 +24,11 @@ def register(sub: Any) -> None:
         description="Convert source files of a public trace format into one replayer trace.",
     )
     fmts = p.add_subparsers(dest="format", metavar="FORMAT", required=True, parser_class=type(p))
+    # a format's own flags come with its module: loaded only for the format named
+    # (``replayer import --help`` lists every format from the registry alone)
+    named = set(argv) & set(IMPORTERS) if argv else set(IMPORTERS)
     for name in IMPORTERS:
-        mod = load(name)
-        fp = fmts.add_parser(name, help=mod.HELP, description=mod.HELP)
+        fp = fmts.add_parser(name, help=help_of(name), description=help_of(name))
         fp.add_argument(
             "sources",
             nargs="+",
@@ -35,7 +38,8 @@ def register(sub: Any) -> None:
         )
         fp.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.arrow")
         fp.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
-        mod.add_arguments(fp)
+        if name in named:
+            load(name).add_arguments(fp)
         fp.set_defaults(func=cmd_import, importer=name)
 
     p = sub.add_parser("synth", help="synthesize agent sessions into a trace")

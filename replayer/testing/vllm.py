@@ -48,7 +48,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-import replayer
+from replayer._version import __version__
 
 VLLM_VERSION = "0.32.0"
 TORCH_PIN = "torch==2.13.0+cpu"
@@ -57,7 +57,7 @@ RECIPE = 1
 MIN_FREE_BYTES = 8 << 30
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 PLUGIN_ENTRY_POINT = "replayer_faults = replayer.testing.vllm_plugin:register"
-PACKAGE_ROOT = Path(replayer.__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The directory holding the ``replayer`` package: on ``PYTHONPATH`` of every
 server started here, so the plugin and the model builder are this checkout's."""
 
@@ -241,8 +241,8 @@ def _install(root: Path, version: str, out: IO[str]) -> VLLMEnv:
             f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n",
         )
         _dist_info(
-            site / f"replayer_vllm_plugin-{replayer.__version__}.dist-info",
-            f"Metadata-Version: 2.1\nName: replayer-vllm-plugin\nVersion: {replayer.__version__}\n",
+            site / f"replayer_vllm_plugin-{__version__}.dist-info",
+            f"Metadata-Version: 2.1\nName: replayer-vllm-plugin\nVersion: {__version__}\n",
             entry_points=f"[vllm.general_plugins]\n{PLUGIN_ENTRY_POINT}\n",
         )
     took = round(time.monotonic() - started, 1)

@@ -75,20 +75,25 @@ def checked_bodies(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[
         yield row, body
 
 
-def jsonl_lines(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[bytes]:
+def jsonl_lines(
+    trace: Trace, rows: Sequence[int] | None = None, *, tokens: bool = False
+) -> Iterator[bytes]:
+    """One JSON line per request, full body; ``tokens`` adds each request's
+    ``input_tokens`` (a bundle's ``repro.py`` skips over-context requests by it)."""
     c = trace.column
     for row, body in checked_bodies(trace, rows):
-        yield orjson.dumps(
-            {
-                "request_id": c("request_id")[row],
-                "session_id": c("session_id")[row],
-                "turn": c("turn")[row],
-                "start_us": c("start_us")[row],
-                "end_us": c("end_us")[row],
-                "path": c("path")[row],
-                "body": orjson.Fragment(body),
-            }
-        )
+        line: dict[str, Any] = {
+            "request_id": c("request_id")[row],
+            "session_id": c("session_id")[row],
+            "turn": c("turn")[row],
+            "start_us": c("start_us")[row],
+            "end_us": c("end_us")[row],
+            "path": c("path")[row],
+        }
+        if tokens:
+            line["input_tokens"] = c("input_tokens")[row]
+        line["body"] = orjson.Fragment(body)
+        yield orjson.dumps(line)
 
 
 def aiperf_lines(

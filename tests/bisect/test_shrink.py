@@ -11,10 +11,11 @@ from dataclasses import replace
 import orjson
 import pytest
 
+from replayer.bisect.edit import Edit, capped, digest, turns
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
 from replayer.bisect.runner import FunctionRunner, Observation, Trial
-from replayer.bisect.shrink import Edit, capped, digest, threshold_line, turns
+from replayer.bisect.shrink import threshold_line
 from replayer.replay.plan import select
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.schema import Kind

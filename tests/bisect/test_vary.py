@@ -480,10 +480,10 @@ async def test_the_bisect_hook_fills_the_manifest_and_opens_the_readme(tmp_path)
     culprit = trace.column("request_id")[rows[3]]
     runner = FunctionRunner(lambda t: Outcome.MATCH if culprit in t.request_ids() else Outcome.PASS)
     opts = BisectOptions(calibrate_matches=1, calibrate_runs=2, confirm=5)
-    b = Bisect(trace, rows, runner, tmp_path / "b", opts, say=lambda m: None)
     plan = make_plan(["default:no-prefix-caching,no-speculative-decoding"], VLLM, 5, environ={})
     f = FakeSession()
-    b.vary = vary.bisect_hook(plan, f)
+    hook = vary.bisect_hook(plan, f)
+    b = Bisect(trace, rows, runner, tmp_path / "b", opts, say=lambda m: None, vary=hook)
     res = await run_bisect(b)
     assert res.status == "complete"
     assert [e.cmd for e in f.envs] == [VLLM + " --no-enable-prefix-caching"]  # confirm: control

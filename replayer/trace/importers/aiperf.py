@@ -62,7 +62,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "aiperf"
-HELP = "AIPerf mooncake_trace JSONL (input_length+hash_ids | text_input | messages | payload)"
 WHAT = "an AIPerf mooncake_trace"
 MODES = ("input_length", "text_input", "messages", "payload")
 

@@ -49,7 +49,6 @@ from replayer.trace.importers.common import (
 from replayer.trace.model import RequestRecord
 
 NAME = "aiperf-payloads"
-HELP = "AIPerf verbatim payloads: a run's inputs.json, or raw_payload JSONL files / directories"
 WHAT = "AIPerf payloads (inputs.json or raw_payload JSONL)"
 ENDPOINTS = {
     "messages": "/v1/chat/completions",

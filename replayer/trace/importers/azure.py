@@ -48,7 +48,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "azure"
-HELP = "Azure LLM inference trace 2023 CSV (TIMESTAMP,ContextTokens,GeneratedTokens)"
 WHAT = "an Azure LLM inference trace CSV"
 HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
 _TS = re.compile(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?")

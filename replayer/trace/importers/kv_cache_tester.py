@@ -25,7 +25,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "kv-cache-tester"
-HELP = "kv-cache-tester Claude Code session traces (trace_NNNN.json[.gz], 64-token hash ids)"
 WHAT = "a kv-cache-tester trace"
 # api_time is end_us - start_us and type is the body's stream flag; the rest
 # has no column of its own.

@@ -26,7 +26,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "mooncake"
-HELP = "Mooncake FAST'25 JSONL (timestamp, input/output length, 512-token hash ids)"
 WHAT = "a Mooncake trace"
 
 

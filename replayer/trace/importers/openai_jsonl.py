@@ -67,7 +67,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "openai-jsonl"
-HELP = "OpenAI request bodies, one per line (bare, or {body, request_id, session_id, ...})"
 WHAT = "OpenAI request JSONL"
 WRAPPER_KEYS = frozenset(
     {

@@ -55,7 +55,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "swe-agent"
-HELP = "SWE-agent .traj files and mini-swe-agent .traj.json message lists (files or dirs)"
 WHAT = "a SWE-agent trajectory"
 SUFFIXES = (".traj", ".traj.json")
 

@@ -56,7 +56,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "tau2-bench"
-HELP = "τ²-bench simulation results (JSON with simulations[], timestamps, real usage)"
 WHAT = "τ²-bench simulation results"
 
 AGENT_INSTRUCTION = """

@@ -56,7 +56,6 @@ from replayer.trace.model import RequestRecord
 from replayer.trace.schema import Kind
 
 NAME = "tau-bench"
-HELP = "τ-bench historical trajectories (JSON list of {task_id, trial, traj[]})"
 WHAT = "τ-bench trajectories"
 
 
