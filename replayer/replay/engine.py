@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import orjson
@@ -53,12 +53,13 @@ from replayer.monitor.watch import (
     TargetWatch,
     WatchConfig,
 )
-from replayer.replay import client, http1
+from replayer.replay import client
 from replayer.replay.bodies import Bodies, body_patch
-from replayer.replay.client import Endpoint, TargetFacts
+from replayer.replay.client import Endpoint, HTTPTransport, TargetFacts
 from replayer.replay.plan import Plan
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, ResponsesState, Timing
 from replayer.replay.results import Result, ResultsWriter, Status
+from replayer.replay.transport import Request, Transport, release
 from replayer.replay.workers import ProcBodies, auto_workers, spec_of, usable_cpus
 from replayer.trace.reader import BodyBuilder, Trace
 from replayer.trace.schema import Kind
@@ -85,29 +86,6 @@ connection for every request of the trace at once."""
 PREOPEN_MAX = 1024
 """Connections opened before T0 at most, per target (the file descriptors
 of a replay are the user's ``ulimit -n``)."""
-
-
-class Sender(Protocol):
-    """How one request goes out and its result is filled in: :func:`client.send`,
-    or a test's fake server (the seam that lets the scheduler run on a virtual
-    clock)."""
-
-    async def __call__(
-        self,
-        pool: http1.Pool,
-        url: str,
-        body: bytes,
-        headers: dict[str, str],
-        result: Result,
-        *,
-        t0: float,
-        request_timeout: float,
-        keep_text: bool = False,
-        sent: asyncio.Future[None] | None = None,
-        answered: asyncio.Future[None] | None = None,
-        stats: StreamStats | None = None,
-        go: client.Go | None = None,
-    ) -> StreamStats: ...
 
 
 @dataclass
@@ -159,7 +137,7 @@ class TargetRun:
     target: Endpoint
     plan: Plan
     results: list[Result]
-    pool: http1.Pool
+    transport: Transport
     builder: BodyBuilder
     preopened: int = 0
     """Connections opened before T0 (:meth:`Replay._preopen`)."""
@@ -246,11 +224,13 @@ class Replay:
         out: Path | None = None,
         processes: dict[str, ProcessProbe] | None = None,
         clock: Clock = REAL,
-        send: Sender | None = None,
+        transport: Transport | None = None,
         probers: dict[str, Health] | None = None,
     ) -> None:
-        """``clock``, ``send`` and ``probers`` (a ``/health`` prober per
-        target) are seams for tests: the defaults are the loop's clock, HTTP
+        """``clock``, ``transport`` and ``probers`` (a ``/health`` prober per
+        target) are seams for tests: the defaults are the loop's clock, an
+        :class:`~replayer.replay.client.HTTPTransport` per target (closed at
+        the end; a transport passed in serves every target and stays open),
         and HTTP probes of each target's URL."""
         self.trace = trace
         self.plan = plan
@@ -263,7 +243,7 @@ class Replay:
         self.out = out
         self.processes = processes or {}
         self.clock = clock
-        self._send_one: Sender = send or client.send
+        self.transport = transport
         self.probers = probers or {}
         self.metrics: MetricsWriter | None = None
         self.t0 = 0.0
@@ -369,7 +349,7 @@ class Replay:
                 target=t,
                 plan=self.plan,
                 results=self._new_results(t.name),
-                pool=http1.Pool(),
+                transport=self.transport or HTTPTransport(),
                 builder=self.trace.builder(self.plan.rows),
                 facts=self.facts.get(t.name),
                 done_at=[None] * n,
@@ -467,7 +447,8 @@ class Replay:
                         r.status = Status.NOT_SENT_AFTER_CRASH
                         r.error_class = "target_failed" if run.failure else "interrupted"
                         self.writer.add(r)
-                run.pool.close()
+                if self.transport is None:  # its own: made for this run
+                    run.transport.close()
                 if run.bodies is not None:
                     run.bodies.close()
                 with shared:  # (a bodies thread may still be in a build)
@@ -634,15 +615,13 @@ class Replay:
         T0, as a client with a warm pool has them: a burst of new sessions
         against a server busy with prefill needs one each, and opening them
         inside the burst made its tail late (bench/RESULTS.md, issue 17)."""
-        if self._send_one is not client.send or self.clock is not REAL:
-            return  # a test's fake sender opens nothing
+        if self.clock is not REAL:
+            return  # a virtual clock's transport is a fake: nothing to open
         n = min(due, PREOPEN_MAX, self.policy.max_inflight or due)
         if n <= 0:
             return
         runs = list(self.runs.values())
-        opened = await asyncio.gather(
-            *(r.pool.preopen(http1.split(r.target.url).origin, n) for r in runs)
-        )
+        opened = await asyncio.gather(*(r.transport.preopen(r.target.url, n) for r in runs))
         for r, k in zip(runs, opened, strict=True):
             r.preopened = k
 
@@ -683,7 +662,7 @@ class Replay:
             run.tasks.add(task)
             task.add_done_callback(run.tasks.discard)
             # a task cancelled before it ran never resolves its own
-            task.add_done_callback(partial(_resolve, (sent, answered)))
+            task.add_done_callback(partial(_release, (sent, answered)))
             last = at
             if answered is not None:
                 # admitted order waits for the response headers: the engine has
@@ -799,25 +778,25 @@ class Replay:
         url = run.target.url.rstrip("/") + self._path[row]
         stats = StreamStats()
         run.inflight_map[i] = InFlight(i, r.request_id, now - self.t0, self._tokens[row], stats)
+        request = Request(
+            url,
+            body,
+            headers,
+            r,
+            t0=self.t0,
+            timeout=self.policy.request_timeout,
+            stats=stats,
+            keep_text=self.policy.save_output or self.policy.mode is Mode.LIVE,
+            sent=sent,
+            answered=answered,
+            go=go,
+        )
         try:
-            await self._send_one(
-                run.pool,
-                url,
-                body,
-                headers,
-                r,
-                t0=self.t0,
-                request_timeout=self.policy.request_timeout,
-                keep_text=self.policy.save_output or self.policy.mode is Mode.LIVE,
-                sent=sent,
-                answered=answered,
-                stats=stats,
-                go=go,
-            )
+            await run.transport.handle(request)
         except asyncio.CancelledError:
             if not run.aborting:
                 raise
-            _resolve((sent, answered))
+            release(sent, answered)
             if r.seq is None:  # aborted before its first byte: never sent (untouched)
                 refused = True
             else:
@@ -881,12 +860,8 @@ class Replay:
         )
 
 
-def _resolve(futs: tuple[asyncio.Future[None] | None, ...], _task: object = None) -> None:
-    """Resolve what is not yet: strict order's signals must fire whatever
-    became of the request, or the next one waits forever."""
-    for fut in futs:
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+def _release(signals: tuple[asyncio.Future[None] | None, ...], _task: object) -> None:
+    release(*signals)
 
 
 def substitute_live(content: list[str], subs: list[tuple[int, str]]) -> list[str]:

@@ -1,6 +1,6 @@
 """The replay engine, in two halves.
 
-On a virtual clock with a fake server (:mod:`tests.virtual`): the schedule
+On a virtual clock with a fake server (:mod:`replayer.testing.virtual`): the schedule
 itself, exactly. Dispatch times are the recorded offsets / speed to the
 microsecond, turns wait for their predecessor plus the think gap, order is
 trace order, the watchdog fires at its threshold. Nothing there depends on
@@ -25,7 +25,6 @@ import orjson
 import pytest
 
 from replayer._async import spawn
-from replayer._clock import VirtualClock
 from replayer.monitor.watch import WatchConfig
 from replayer.replay import engine
 from replayer.replay.client import Endpoint
@@ -34,9 +33,9 @@ from replayer.replay.plan import build_plan, select
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
 from replayer.replay.results import ResultsWriter, read_results
 from replayer.replay.run import replay_to_dir
+from replayer.testing import FakeHealth, FakeServer, Script, VirtualClock
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, write_trace
-from tests.virtual import FakeHealth, FakeServer, Script
 
 MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
 REPO = Path(__file__).resolve().parents[2]
@@ -403,7 +402,7 @@ async def vreplay(
         [Endpoint(name, f"http://{name}") for name in targets],
         writer,
         clock=clock,
-        send=server,
+        transport=server,
         watch=watch,
         probers=probers,
     )
@@ -740,7 +739,7 @@ async def test_an_interrupt_during_a_hung_turn_sends_nothing_more(tmp_path, orde
         [Endpoint("e", "http://e")],
         writer,
         clock=clock,
-        send=server,
+        transport=server,
     )
     task = spawn(replay.run(), name="replay")
     async with asyncio.timeout(30):  # wall-clock bound on the test itself
