@@ -4,7 +4,7 @@ Replay timing is the product (a request is due at T0 + its recorded offset /
 speed; a hang is declared ``stall_timeout`` seconds after the last progress),
 so its tests must be able to state it exactly. On the wall clock they cannot:
 a loaded machine delays every wake-up by an unknown amount. The scheduler
-(:mod:`replayer.replay.engine`), the watchdogs (:mod:`replayer.monitor.watch`)
+(:mod:`replayer.replay.schedule`), the watchdogs (:mod:`replayer.monitor.watch`)
 and the readiness waits of :mod:`replayer.target` therefore read time and
 sleep only through a :class:`Clock`:
 
@@ -12,7 +12,8 @@ sleep only through a :class:`Clock`:
   is ``time.monotonic()``, which is what the default asyncio loop's
   ``time()`` returns, so it shares its time base with timers and with code
   that still reads ``loop.time()`` (the HTTP client, the health probes).
-* :class:`VirtualClock` is for tests: time stands still while any task can
+* :class:`VirtualClock` is for tests (users' too: it is public as
+  ``replayer.testing.VirtualClock``): time stands still while any task can
   run and jumps to the earliest deadline once the loop is idle (trio's
   ``MockClock(autojump_threshold=0)``), or moves only on :meth:`advance`.
   Sleepers wake in deadline order, ties in the order they went to sleep, so a

@@ -1,4 +1,5 @@
-"""Talking to one OpenAI-compatible target: pre-flight and one request.
+"""Talking to one OpenAI-compatible target: pre-flight, and the real
+:class:`~replayer.replay.transport.Transport`.
 
 Requests go out through :mod:`replayer.replay.http1` (the hot path: why
 there); pre-flight through aiohttp. A request's record is filled in place,
@@ -9,8 +10,7 @@ error class, never an escape.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -22,7 +22,8 @@ from replayer.monitor.classify import is_engine_death_message
 from replayer.options.server import Endpoint as Endpoint
 from replayer.replay import http1
 from replayer.replay.results import Result, Status
-from replayer.wire import Api, Reply, SSEDecoder, accumulator, api_for_path, error_message
+from replayer.replay.transport import Request, Transport
+from replayer.wire import Api, SSEDecoder, accumulator, api_for_path, error_message
 
 
 class TargetUnreachable(Exception):
@@ -85,147 +86,137 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-Go = Callable[[], Awaitable[bool]]
-"""Awaited once the connection is ready, just before the request's first
-byte is written: the request's turn (strict order lets connections open
-ahead and write one after another); False: the run stopped meanwhile, and
-the request is abandoned unwritten."""
+class HTTPTransport(Transport):
+    """The real wire: keep-alive HTTP/1.1 connections of one
+    :class:`~replayer.replay.http1.Pool` (one per target by default, so a
+    target's connection count is its own)."""
 
+    def __init__(self, pool: http1.Pool | None = None) -> None:
+        self.pool = pool if pool is not None else http1.Pool()
 
-async def send(
-    pool: http1.Pool,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    result: Result,
-    *,
-    t0: float,
-    request_timeout: float,
-    keep_text: bool = False,
-    sent: asyncio.Future[None] | None = None,
-    answered: asyncio.Future[None] | None = None,
-    stats: Reply | None = None,
-    go: Go | None = None,
-) -> Reply:
-    """Send one request over ``pool`` and fill ``result`` (times relative to
-    ``t0``).
+    async def handle(self, request: Request) -> None:
+        """Send one request and fill its result (times relative to ``t0``).
 
-    The response is read by the accumulator of the API ``url`` names (chat
-    completions for a path it does not know) into ``stats``, which the
-    caller may watch while the stream runs; a stream's events are read on
-    the loop callback that received them, stamped with that moment.
-    ``sent`` resolves once the body is handed to the transport (strict
-    order's signal that the next request may go), ``answered`` once the
-    response headers are in; both resolve when the request ends, whatever
-    happened. ``go`` (see :data:`Go`) refusing leaves ``result``
-    untouched: never sent."""
-    loop = asyncio.get_running_loop()
-    stats = stats if stats is not None else Reply()
-    if keep_text:
-        stats.keep_text = True
-    acc = accumulator(api_for_path(url) or Api.CHAT, stats)
-    dec = SSEDecoder()
+        The response is read by the accumulator of the API ``url`` names
+        (chat completions for a path it does not know) into ``stats``; a
+        stream's events are read on the loop callback that received them,
+        stamped with that moment."""
+        url, body, result, stats = request.url, request.body, request.result, request.stats
+        sent, answered, go, t0 = request.sent, request.answered, request.go, request.t0
+        pool = self.pool
+        loop = asyncio.get_running_loop()
+        if request.keep_text:
+            stats.keep_text = True
+        acc = accumulator(api_for_path(url) or Api.CHAT, stats)
+        dec = SSEDecoder()
 
-    def sink(chunk: bytes, now: float) -> None:
-        for ev in dec.feed(chunk):
-            acc.event(ev, now)
+        def sink(chunk: bytes, now: float) -> None:
+            for ev in dec.feed(chunk):
+                acc.event(ev, now)
 
-    def us(t: float) -> int:
-        return round((t - t0) * 1e6)
+        def us(t: float) -> int:
+            return round((t - t0) * 1e6)
 
-    target = http1.split(url)
-    head = http1.request_head(target, headers, len(body))
-    conn: http1.Conn | None = None
-    reuse = refused = False
-    try:
-        async with asyncio.timeout(request_timeout):
-            conn = await pool.connect(target.origin)
-            await pool.gate.clear(len(head) + len(body))
-            if go is not None and not await go():
-                refused = reuse = True
-            else:
-                resp = conn.request(head, body, sink)
-                if sent is not None and not sent.done():
-                    sent.set_result(None)
-                await resp.head
-                if not resp.headers_in:
-                    raise resp.error or http1.Disconnected("no response")
-                result.first_byte_us = us(resp.head_at)
-                if answered is not None and not answered.done():
-                    answered.set_result(None)
-                result.http_status = resp.status
-                await resp.done
-                if resp.error is not None:
-                    raise resp.error
-                reuse = resp.keep_alive
-                payload = b"".join(resp.body)  # empty when streamed to the sink
-                if resp.status != 200:
-                    result.status = Status.HTTP_ERROR
-                    result.error_class = f"http_{resp.status}"
-                    result.error = error_message(payload)
-                elif not resp.streamed and not acc.body(payload):
-                    result.status = Status.HTTP_ERROR
-                    result.error_class = "bad_body"
-                    result.error = payload[:500].decode(errors="replace")
-                elif stats.error is not None:  # an error event, or an error object in a 200 body
-                    result.status = Status.HTTP_ERROR
-                    result.error = stats.error[:2000]
-                    result.error_class = stream_error_class(stats.error_code, result.error)
-                elif resp.streamed and not stats.done:
-                    result.status = Status.TRANSPORT_ERROR
-                    result.error_class = "stream_cut"
-                    result.error = "stream ended without [DONE]"
+        target = http1.split(url)
+        head = http1.request_head(target, request.headers, len(body))
+        conn: http1.Conn | None = None
+        reuse = refused = False
+        try:
+            async with asyncio.timeout(request.timeout):
+                conn = await pool.connect(target.origin)
+                await pool.gate.clear(len(head) + len(body))
+                if go is not None and not await go():
+                    refused = reuse = True
                 else:
-                    result.status = Status.OK
-    except TimeoutError:
-        result.status = Status.TIMEOUT
-        result.error_class = "timeout"
-        result.error = f"no complete response within {request_timeout:g} s"
-    except http1.ConnectError as exc:
-        result.status = Status.TRANSPORT_ERROR
-        own = out_of_fds(exc.os_error)  # the replayer's own limit, not the target's crash
-        result.error_class = "client_resources" if own else "connect"
-        result.error = f"cannot connect ({exc})" + (
-            " (replayer out of file descriptors)" if own else ""
-        )
-    except http1.Disconnected as exc:
-        result.status = Status.TRANSPORT_ERROR
-        result.error_class = "disconnected"
-        result.error = str(exc)
-    except http1.StreamCut as exc:
-        result.status = Status.TRANSPORT_ERROR
-        result.error_class = "stream_cut"
-        result.error = str(exc)
-    except http1.BadResponse as exc:
-        result.status = Status.TRANSPORT_ERROR
-        result.error_class = "client"
-        result.error = str(exc)
-    finally:
-        if conn is not None:
-            if reuse:
-                pool.release(conn)
-            else:
-                conn.close()
-    for fut in (sent, answered):
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-    if refused:
-        return stats
-    result.done_us = us(loop.time())
-    if stats.first_token is not None:
-        result.first_token_us = us(stats.first_token)
-    result.chunks = stats.chunks
-    if stats.chunks > 1:
-        result.itl_mean_us = round(stats.gap_sum / (stats.chunks - 1) * 1e6)
-        result.itl_max_us = round(stats.gap_max * 1e6)
-    result.prompt_tokens = stats.prompt_tokens
-    result.completion_tokens = stats.completion_tokens
-    result.cached_tokens = stats.cached_tokens
-    result.finish_reason = stats.finish_reason
-    result.output_hash = stats.output_hash if result.status is Status.OK else None
-    if keep_text:
-        result.output_text = stats.text or ""
-    return stats
+                    resp = conn.request(head, body, sink)
+                    if sent is not None and not sent.done():
+                        sent.set_result(None)
+                    await resp.head
+                    if not resp.headers_in:
+                        raise resp.error or http1.Disconnected("no response")
+                    result.first_byte_us = us(resp.head_at)
+                    if answered is not None and not answered.done():
+                        answered.set_result(None)
+                    result.http_status = resp.status
+                    await resp.done
+                    if resp.error is not None:
+                        raise resp.error
+                    reuse = resp.keep_alive
+                    payload = b"".join(resp.body)  # empty when streamed to the sink
+                    if resp.status != 200:
+                        result.status = Status.HTTP_ERROR
+                        result.error_class = f"http_{resp.status}"
+                        result.error = error_message(payload)
+                    elif not resp.streamed and not acc.body(payload):
+                        result.status = Status.HTTP_ERROR
+                        result.error_class = "bad_body"
+                        result.error = payload[:500].decode(errors="replace")
+                    elif stats.error is not None:  # an error event, or an error object in a 200
+                        result.status = Status.HTTP_ERROR
+                        result.error = stats.error[:2000]
+                        result.error_class = stream_error_class(stats.error_code, result.error)
+                    elif resp.streamed and not stats.done:
+                        result.status = Status.TRANSPORT_ERROR
+                        result.error_class = "stream_cut"
+                        result.error = "stream ended without [DONE]"
+                    else:
+                        result.status = Status.OK
+        except TimeoutError:
+            result.status = Status.TIMEOUT
+            result.error_class = "timeout"
+            result.error = f"no complete response within {request.timeout:g} s"
+        except http1.ConnectError as exc:
+            result.status = Status.TRANSPORT_ERROR
+            own = out_of_fds(exc.os_error)  # the replayer's own limit, not the target's crash
+            result.error_class = "client_resources" if own else "connect"
+            result.error = f"cannot connect ({exc})" + (
+                " (replayer out of file descriptors)" if own else ""
+            )
+        except http1.Disconnected as exc:
+            result.status = Status.TRANSPORT_ERROR
+            result.error_class = "disconnected"
+            result.error = str(exc)
+        except http1.StreamCut as exc:
+            result.status = Status.TRANSPORT_ERROR
+            result.error_class = "stream_cut"
+            result.error = str(exc)
+        except http1.BadResponse as exc:
+            result.status = Status.TRANSPORT_ERROR
+            result.error_class = "client"
+            result.error = str(exc)
+        finally:
+            if conn is not None:
+                if reuse:
+                    pool.release(conn)
+                else:
+                    conn.close()
+        request.release()
+        if refused:
+            return
+        result.done_us = us(loop.time())
+        if stats.first_token is not None:
+            result.first_token_us = us(stats.first_token)
+        result.chunks = stats.chunks
+        if stats.chunks > 1:
+            result.itl_mean_us = round(stats.gap_sum / (stats.chunks - 1) * 1e6)
+            result.itl_max_us = round(stats.gap_max * 1e6)
+        result.prompt_tokens = stats.prompt_tokens
+        result.completion_tokens = stats.completion_tokens
+        result.cached_tokens = stats.cached_tokens
+        result.finish_reason = stats.finish_reason
+        result.output_hash = stats.output_hash if result.status is Status.OK else None
+        if request.keep_text:
+            result.output_text = stats.text or ""
+
+    async def preopen(self, url: str, n: int) -> int:
+        return await self.pool.preopen(http1.split(url).origin, n)
+
+    @property
+    def opened(self) -> int:
+        return self.pool.opened
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 def stream_error_class(code: Any, message: str) -> str:

@@ -210,7 +210,7 @@ async def replay_to_dir(
     for name, t in targets_summary.items():
         _hint_rejection(trace, t)
         run = replay.runs[name]
-        t["connections"] = {"opened": run.pool.opened, "before_t0": run.preopened}
+        t["connections"] = {"opened": run.transport.opened, "before_t0": run.preopened}
     failed = any(t["failed"] for t in targets_summary.values())
     unexercised = [n for n, t in targets_summary.items() if not t["exercised"]]
     code = EXIT_FAILED if failed else EXIT_NOT_EXERCISED if unexercised else EXIT_OK

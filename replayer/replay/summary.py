@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replayer.monitor.watch import FailureReport
+from replayer.replay.accounting import Failure
 from replayer.replay.client import is_client_error
-from replayer.replay.engine import Failure
 from replayer.replay.results import Result, Status
 from replayer.trace.stats import percentile
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from replayer._clock import VirtualClock
 from replayer.monitor.metrics import read_metrics, series
 from replayer.monitor.watch import InFlight, TargetWatch, WatchConfig
 from replayer.replay.client import Endpoint
@@ -16,10 +15,10 @@ from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.results import read_results
 from replayer.replay.run import replay_to_dir
+from replayer.testing import FakeHealth, VirtualClock
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, write_trace
 from replayer.wire import Reply
-from tests.virtual import FakeHealth
 
 MODEL = "moonshotai/Kimi-K3"
 # the emulator exits 1 s after engine death (vLLM: up to 5 s; the default settle is 10)

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from replayer.replay.client import send, stream_error_class
-from replayer.replay.http1 import Pool
+from replayer.replay.client import HTTPTransport, stream_error_class
 from replayer.replay.results import Result, Status
+from replayer.replay.transport import Request
 from replayer.wire import Reply
 
 MODEL = "moonshotai/Kimi-K3"
@@ -19,22 +19,22 @@ MODEL = "moonshotai/Kimi-K3"
 
 async def one(url: str, body: dict[str, Any], **kw: Any) -> tuple[Result, Reply]:
     r = Result(target="t", row=0, request_id="r", session_id="s", turn=0)
-    pool = Pool()
+    transport = HTTPTransport()
     try:
         loop = asyncio.get_running_loop()
-        stats = await send(
-            pool,
+        request = Request(
             url,
             orjson.dumps({"model": MODEL, **body}),
             {"Content-Type": "application/json"},
             r,
             t0=loop.time(),
-            request_timeout=30,
+            timeout=30,
             **kw,
         )
+        await transport.handle(request)
     finally:
-        pool.close()
-    return r, stats
+        transport.close()
+    return r, request.stats
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The replay engine, in two halves.
 
-On a virtual clock with a fake server (:mod:`tests.virtual`): the schedule
+On a virtual clock with a fake server (:mod:`replayer.testing.virtual`): the schedule
 itself, exactly. Dispatch times are the recorded offsets / speed to the
 microsecond, turns wait for their predecessor plus the think gap, order is
 trace order, the watchdog fires at its threshold. Nothing there depends on
@@ -25,18 +25,18 @@ import orjson
 import pytest
 
 from replayer._async import spawn
-from replayer._clock import VirtualClock
 from replayer.monitor.watch import WatchConfig
-from replayer.replay import engine
+from replayer.replay import dispatch, schedule
 from replayer.replay.client import Endpoint
+from replayer.replay.content import TargetContent
 from replayer.replay.engine import Replay
 from replayer.replay.plan import build_plan, select
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
 from replayer.replay.results import ResultsWriter, read_results
 from replayer.replay.run import replay_to_dir
+from replayer.testing import FakeHealth, FakeServer, Script, VirtualClock
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, write_trace
-from tests.virtual import FakeHealth, FakeServer, Script
 
 MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
 REPO = Path(__file__).resolve().parents[2]
@@ -382,14 +382,22 @@ async def test_every_request_is_accounted_for_once_per_target(emulator_factory, 
 
 
 async def vreplay(
-    tmp_path, trace, policy=None, *, script=None, targets=("e",), watch=None, probers=None
+    tmp_path,
+    trace,
+    policy=None,
+    *,
+    script=None,
+    targets=("e",),
+    watch=None,
+    probers=None,
+    clock=None,
 ):
     """Replay ``trace`` against a fake server on a virtual clock (with a
     watch: its /health prober a fake, 200 unless ``probers(clock)`` says
     otherwise); the Replay, the fake (its arrival log covers every target)
     and the clock."""
     policy = policy or ReplayPolicy()
-    clock = VirtualClock(limit=3600)
+    clock = clock or VirtualClock(limit=3600)
     server = FakeServer(clock, script) if script else FakeServer(clock)
     if watch is not None and probers is None:
         probers = {name: FakeHealth(clock) for name in targets}
@@ -403,7 +411,7 @@ async def vreplay(
         [Endpoint(name, f"http://{name}") for name in targets],
         writer,
         clock=clock,
-        send=server,
+        transport=server,
         watch=watch,
         probers=probers,
     )
@@ -561,17 +569,19 @@ async def test_session_order_runs_each_session_on_its_own(tmp_path):
 async def test_session_order_builds_each_body_just_before_it_is_due(tmp_path, monkeypatch):
     # thousands of sessions waiting for their start must not each hold a
     # body (memory) nor build them all at T0 before the first send (lag)
-    built: dict[int, int] = {}
-    orig = engine.Replay._body
+    clock = VirtualClock(limit=3600)
+    built_at: dict[int, float] = {}
+    orig = TargetContent.build
 
-    def spy(self, run, i):
-        built[i] = round(self.now() * 1e6)
-        return orig(self, run, i)
+    def spy(self, i):
+        built_at[i] = clock.now()
+        return orig(self, i)
 
-    monkeypatch.setattr(engine.Replay, "_body", spy)
+    monkeypatch.setattr(TargetContent, "build", spy)
     t = timed_trace(tmp_path, [k * 5 for k in range(120)])  # a one-turn session every 5 ms
-    replay, _, _ = await vreplay(tmp_path, t, ReplayPolicy(order=Order.SESSION))
-    lead = round(engine._BODY_LEAD * 1e6)
+    replay, _, _ = await vreplay(tmp_path, t, ReplayPolicy(order=Order.SESSION), clock=clock)
+    built = {i: round((at - replay.t0) * 1e6) for i, at in built_at.items()}
+    lead = round(schedule.BODY_LEAD * 1e6)
     for i, r in enumerate(replay.runs["e"].results):  # plan index i is r{i}
         assert r.dispatched_us == r.scheduled_us == i * 5_000
         if r.scheduled_us >= lead:
@@ -619,7 +629,7 @@ async def test_a_burst_opens_its_connections_together_and_writes_in_trace_order(
     # another (each once the previous request was written) the last would go
     # at 400 ms; AHEAD of them open together, each written once the one
     # before it is
-    n = engine.AHEAD + 8
+    n = dispatch.AHEAD + 8
     t = timed_trace(tmp_path, [0] * n)
     replay, server, _ = await vreplay(
         tmp_path, t, script=lambda rid: Script(connect=0.010, ttft=1.0, tokens=1)
@@ -628,7 +638,7 @@ async def test_a_burst_opens_its_connections_together_and_writes_in_trace_order(
     assert server.order() == [f"r{i}" for i in range(n)]
     assert [r.seq for r in results] == list(range(n))
     # the next one's connection opens once the oldest waiting one is written
-    assert [r.dispatched_us for r in results] == [10_000] * engine.AHEAD + [20_000] * 8
+    assert [r.dispatched_us for r in results] == [10_000] * dispatch.AHEAD + [20_000] * 8
     assert [us_after_t0(replay, a.at) for a in server.arrivals] == [
         r.dispatched_us for r in results
     ]
@@ -740,7 +750,7 @@ async def test_an_interrupt_during_a_hung_turn_sends_nothing_more(tmp_path, orde
         [Endpoint("e", "http://e")],
         writer,
         clock=clock,
-        send=server,
+        transport=server,
     )
     task = spawn(replay.run(), name="replay")
     async with asyncio.timeout(30):  # wall-clock bound on the test itself

@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 import pytest
 
-from replayer.replay.client import send
+from replayer.replay.client import HTTPTransport
 from replayer.replay.http1 import Gate, Pool, request_head, split
 from replayer.replay.results import Result, Status
+from replayer.replay.transport import Request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK_BODY = orjson.dumps(
@@ -67,9 +68,10 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
 async def post(pool: Pool, url: str, body: bytes = b"{}") -> Result:
     r = Result(target="t", row=0, request_id="r", session_id="s", turn=0)
     loop = asyncio.get_running_loop()
-    await send(
-        pool, url, body, {"Content-Type": "application/json"}, r, t0=loop.time(), request_timeout=10
+    request = Request(
+        url, body, {"Content-Type": "application/json"}, r, t0=loop.time(), timeout=10
     )
+    await HTTPTransport(pool).handle(request)
     return r
 
 

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from replayer._async import spawn
-from replayer._clock import VirtualClock
 from replayer.errors import LaunchError, OptionError, TargetError
 from replayer.target import ExitInfo, ExternalTarget, ResetMode, ResetResult, reset_mode
 from replayer.target.base import NotReady, ServerTarget
+from replayer.testing import VirtualClock
 from tests.target.conftest import MODEL, chat
 
 pytestmark = pytest.mark.e2e
