@@ -685,7 +685,7 @@ def _vary_plan(sources: Sequence[str], runs: int | None, server: Server) -> Vary
     """The variants ``sources`` ask for, applied to the server's launch (None
     without any): bad files and launches fail here, before any run."""
     if not sources:
-        if runs is not None and runs != 5:
+        if runs is not None:
             raise OptionError("vary_runs", "needs vary")
         return None
     if server.launch is None:
@@ -1015,7 +1015,7 @@ def export(
     sel = selection or Selection()
     rows = select(t, limit=sel.limit, sessions=sel.sessions, requests=sel.requests)
     if not rows and not sel.everything:
-        raise OptionError("selection", "is empty: nothing to export")
+        raise UsageError("the selection is empty: nothing to export")
     with atomic_output(Path(output), force=force) as tmp:
         n, skipped = export_path(t, tmp, format, rows)
     return Written(Path(output), n, {"skipped": list(skipped)})

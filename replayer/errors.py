@@ -28,9 +28,10 @@ class UsageError(ReplayerError):
     """Bad command-line arguments or options."""
 
 
-class OptionError(UsageError):
+class OptionError(UsageError, ValueError):
     """A parameter has a value it cannot take. The message names the
-    parameter (``max_inflight must be at least 1``); the CLI says its flag."""
+    parameter (``max_inflight must be at least 1``); the CLI says its flag.
+    It is a ``ValueError`` too: a bad value is one."""
 
     def __init__(self, param: str, problem: str) -> None:
         super().__init__(f"{param} {problem}")

@@ -74,7 +74,9 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 def build_parser(argv: Sequence[str] | None = None, *, full: bool = False) -> Parser:
     """The parser for ``argv``: the named command in full, the others as
-    their one-line help (``full``: every command in full, for tests and docs)."""
+    their one-line help. Without ``argv`` (or with ``full``), every command
+    in full: what tests and docs read."""
+    full = full or argv is None
     parser = Parser(
         prog="replayer",
         description="Record, replay, monitor and bisect LLM-serving crash traces.",
@@ -84,7 +86,7 @@ def build_parser(argv: Sequence[str] | None = None, *, full: bool = False) -> Pa
         "-v", "--verbose", action="count", default=0, help="more log output (repeatable)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    words = list(sys.argv[1:] if argv is None else argv)
+    words = list(argv or ())
     chosen = _command_in(words)
     wanted = {m for m, _ in COMMANDS.values()} if full else set()
     if chosen is not None:
@@ -150,8 +152,9 @@ def install_signals(command: str | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words)
+    args = parser.parse_args(words)
     install_signals(args.command)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),

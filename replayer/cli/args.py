@@ -88,7 +88,7 @@ def build(cls: type[D], args: argparse.Namespace, verb: str) -> D:
     return built
 
 
-_PARAM = re.compile(r"(?<![\w-])([a-z]+(?:_[a-z]+)+|url|launch)(?![\w-])")
+_PARAM = re.compile(r"(?<![\w-])([a-z]+(?:_[a-z]+)+|url|launch|vary|control)(?![\w-])")
 
 
 def flag_words(exc: ReplayerError) -> str:

@@ -87,7 +87,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         out=args.out,
         watch=build(options.WatchConfig, args, "verify"),
         vary=vary.vary,
-        vary_runs=vary.vary_runs if vary.vary else None,
+        vary_runs=vary.vary_runs,
         say=_say,
     )
     return print_verify(res, args.bundle)

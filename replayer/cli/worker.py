@@ -250,7 +250,7 @@ def run_spec(spec: dict[str, Any]) -> int:
             resume=bool(spec.get("resume")),
             metrics=build(options.MetricsOptions),
             vary=vary.vary,
-            vary_runs=vary.vary_runs if vary.vary else None,
+            vary_runs=vary.vary_runs,
         )
         return print_bisect(res)
     vary = build(options.VaryOptions)
@@ -261,7 +261,7 @@ def run_spec(spec: dict[str, Any]) -> int:
         out=out,
         watch=build(options.WatchConfig),
         vary=vary.vary,
-        vary_runs=vary.vary_runs if vary.vary else None,
+        vary_runs=vary.vary_runs,
     )
     return print_verify(got, Path(spec["input"]))
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from replayer._declare import Declared, option
+from replayer.errors import OptionError
 
 STAGES = ("calibrate", "cut", "prefix", "sessions", "turns", "shrink", "timing")
 """A bisect's passes, in the order they run (see :mod:`replayer.bisect.pipeline`)."""
@@ -185,4 +186,8 @@ class VaryOptions(Declared):
         "'default:NAME,NAME' for some of it; needs --launch",
         metavar="FILE|default",
     )
-    vary_runs: int = option(5, "runs of each variant (default 5)", metavar="N", ge=1)
+    vary_runs: int | None = option(None, "runs of each variant (default 5)", metavar="N", ge=1)
+
+    def validate(self) -> None:
+        if self.vary_runs is not None and not self.vary:
+            raise OptionError("vary_runs", "needs vary")

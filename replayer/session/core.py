@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Self
 import orjson
 
 from replayer._clock import REAL, Clock
-from replayer.errors import LaunchError, OptionError, TargetError
+from replayer.errors import LaunchError, OptionError, TargetError, UsageError
 from replayer.monitor.signature import signature_from_log
 from replayer.options.monitor import WatchConfig
 from replayer.options.replay import ReplayPolicy, Selection
@@ -82,7 +82,7 @@ def selected(trace: Trace, selection: Selection | None) -> list[int]:
     sel = selection or Selection()
     rows = select(trace, limit=sel.limit, sessions=sel.sessions, requests=sel.requests)
     if not rows:
-        raise OptionError("selection", "is empty: nothing to replay")
+        raise UsageError("the selection is empty: nothing to replay")
     trace.verify(rows)
     return rows
 

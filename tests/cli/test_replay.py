@@ -109,7 +109,7 @@ def test_usage_errors_are_2(tmp_path):
     )
     assert_one_line_error(
         run("replay", SAMPLE, "--target", "http://x", "--token-range", "5"),
-        "--token-range wants LO:HI",
+        "--token-range: wants LO:HI",
     )
     assert_one_line_error(
         run("replay", tmp_path / "nope.arrow", "--target", "http://x"), "no such file"

@@ -149,11 +149,10 @@ def test_auto_workers_only_where_a_thread_cannot_keep_up(body_bytes, span_s, cpu
 
 def test_workers_option_takes_auto_or_a_count():
     from replayer.errors import OptionError
-    from replayer.options import replay_policy
 
     assert ReplayPolicy().workers == "auto"
-    assert replay_policy({"workers": "auto"}).workers == "auto"
-    assert replay_policy({"workers": "3"}).workers == 3
+    assert ReplayPolicy(workers="auto").workers == "auto"
+    assert ReplayPolicy(workers="3").workers == 3
     for bad in (0, "none", True):
         with pytest.raises((OptionError, ValueError), match="workers"):
             ReplayPolicy(workers=bad)  # type: ignore[arg-type]

@@ -121,7 +121,7 @@ def test_reset_mode_parsing():
     # the library names the parameter; the CLI says --reset (tests/cli)
     assert (err.value.param, str(err.value)) == (
         "reset",
-        "reset 'flush': expected one of prefix-cache, restart, none",
+        "reset 'flush': want one of prefix-cache, restart, none",
     )
 
 

@@ -260,7 +260,7 @@ def test_synth_writes_the_same_session_in_every_api(tmp_path, api):
 
 
 def test_synth_refuses_an_api_it_cannot_write():
-    with pytest.raises(OptionError, match="api 'grpc': expected one of chat, messages"):
+    with pytest.raises(OptionError, match="api 'grpc': want one of chat, messages"):
         SynthOptions(api="grpc")
     with pytest.raises(OptionError, match="needs chat payloads"):
         SynthOptions(api="messages", payload="blocks")
