@@ -21,9 +21,16 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.helpers.realvllm import SharedVLLM
+
+# the helpers' asserts explain themselves as a test's do (they were written as
+# part of test files and conftests, which pytest rewrites)
+pytest.register_assert_rewrite("tests.helpers")
 
 pytest_plugins = ["replayer.testing.pytest_plugin"]
 
@@ -39,26 +46,6 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-class SharedVLLM:
-    """The session's shared real vLLM and what it records about admission."""
-
-    def __init__(self, server: Any, admission_log: Path) -> None:
-        self.server = server
-        self.admission_log = admission_log
-
-    @property
-    def url(self) -> str:
-        return str(self.server.url)
-
-    @property
-    def model(self) -> str:
-        return str(self.server.model_name)
-
-    def reset_prefix_cache(self) -> None:
-        status, body = self.server.post("/reset_prefix_cache", {})
-        assert status == 200, body
-
-
 @pytest.fixture(scope="session")
 def vllm_shared(
     vllm_env: Any, vllm_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
@@ -70,6 +57,7 @@ def vllm_shared(
     are checked on the conformance suite's own server), and the plugin's
     admission record. Tests that stop it (SIGSTOP) resume it before they end."""
     from replayer.testing.vllm import VLLMServer
+    from tests.helpers.realvllm import SharedVLLM
 
     d = tmp_path_factory.mktemp("vllm-shared")
     admission = d / "admission.jsonl"

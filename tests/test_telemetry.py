@@ -27,9 +27,9 @@ from replayer.replay.results import read_results
 from replayer.replay.run import replay_to_dir
 from replayer.session import Session
 from replayer.telemetry import TTFT_BUCKETS, LiveMetrics
-
-from .bisect.test_pipeline import emulator_cmd
-from .replay.test_engine import MODEL, synth
+from tests.helpers.bisect import emulator_cmd
+from tests.helpers.cli import SAMPLE
+from tests.helpers.replay import MODEL, synth
 
 WATCH = WatchConfig(health_interval=0.1, scrape_interval=0.5, settle=1.0, grace=0.2)
 
@@ -216,8 +216,6 @@ async def test_recorder_counters(emulator, tmp_path):
 
 def test_cli_reports_a_taken_metrics_port_in_one_line(tmp_path):
     import socket
-
-    from .cli.test_replay import SAMPLE
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

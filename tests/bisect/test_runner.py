@@ -28,38 +28,14 @@ from replayer.bundle.export import bug_line
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.session import NotExercised
-from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+from replayer.trace import Trace
+from tests.helpers.bisect import SESSIONS, probes_of_binary_search, write_trace
 
-SESSIONS, TURNS = 6, 5
 PAIR = ("s1-1", "s3-2")
 """Positions 7 and 15 of 30: sessions arrive in order, turns in rounds."""
 LATE = 2
 """The fake notices its crash this many requests after the trigger."""
 OPTS = BisectOptions(calibrate_matches=3, calibrate_runs=6, confirm=4)
-
-
-def write_trace(tmp_path) -> Trace:
-    p = tmp_path / "t.arrow"
-    with TraceWriter(p, TraceMeta(source="test")) as w:
-        for t in range(TURNS):
-            for s in range(SESSIONS):
-                i = t * SESSIONS + s
-                body = {
-                    "model": "m",
-                    "messages": [{"role": "user", "content": f"s{s} turn {t}"}],
-                    "max_tokens": 2,
-                }
-                w.add(
-                    RequestRecord.from_body(
-                        body,
-                        request_id=f"s{s}-{t}",
-                        session_id=f"s{s}",
-                        turn=t,
-                        start_us=i * 10_000,
-                        end_us=i * 10_000 + 5_000,
-                    )
-                )
-    return Trace.open(p)
 
 
 @pytest.fixture
@@ -141,16 +117,6 @@ def per_stage(b) -> dict[str, int]:
     for r in b.oracle.history():
         got[r.stage] = got.get(r.stage, 0) + 1
     return got
-
-
-def probes_of_binary_search(n: int, h_star: int) -> int:
-    """The probes :func:`shortest_prefix` spends on n items when h* is the answer."""
-    lo, hi, probes = 0, n, 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        probes += 1
-        lo, hi = (lo, mid) if mid >= h_star else (mid, hi)
-    return probes
 
 
 async def test_every_stage_with_a_fake_runner(trace, tmp_path):

@@ -24,8 +24,7 @@ from replayer.emulator.config import EmulatorConfig
 from replayer.emulator.generate import RUNTIME
 from replayer.emulator.runtime import Runtime
 from replayer.testing.emulator import apoll_until, poll_until
-
-from .conftest import BOUND, DONE, Stream, sse_events
+from tests.helpers.emulator import BOUND, DONE, Stream, sse_events
 
 MODEL = "tiny-llama"
 ENGINE_DEAD = (

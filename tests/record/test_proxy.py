@@ -23,8 +23,7 @@ import pytest
 
 from replayer.testing.emulator import apoll_until
 from replayer.trace.reader import Trace
-
-from .conftest import MODEL, TOOL_CALL
+from tests.helpers.record import MODEL, TOOL_CALL
 
 EMU_ARGS = ["--speed", "instant", "--seed", "11", "--enable-prompt-tokens-details"]
 TOOLS = [

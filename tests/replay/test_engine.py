@@ -32,34 +32,12 @@ from replayer.replay.content import TargetContent
 from replayer.replay.engine import Replay
 from replayer.replay.plan import build_plan, select
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
-from replayer.replay.results import ResultsWriter, read_results
-from replayer.replay.run import replay_to_dir
+from replayer.replay.results import ResultsWriter
 from replayer.testing import FakeHealth, FakeServer, Script, VirtualClock
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
-from replayer.trace.synth import SynthOptions, write_trace
+from tests.helpers.replay import MODEL, arrivals, replay, synth
 
-MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
 REPO = Path(__file__).resolve().parents[2]
-
-
-def synth(tmp_path, name="t.arrow", **kw):
-    p = tmp_path / name
-    write_trace(p, SynthOptions(model=MODEL, **{"max_tokens": 8, **kw}))
-    return Trace.open(p)
-
-
-async def replay(trace, targets, tmp_path, policy=None, name="run", **selection):
-    rows = select(trace, **selection)
-    out = tmp_path / name
-    out.mkdir()
-    outcome = await replay_to_dir(
-        trace, rows, policy or ReplayPolicy(), targets, out, command=["test"], progress=False
-    )
-    return outcome, rows, read_results(out / "results.arrow")
-
-
-def arrivals(emu):
-    return [e for e in emu.read_request_log() if e["event"] == "request"]
 
 
 async def test_strict_order_sends_in_trace_order(emulator_factory, tmp_path):

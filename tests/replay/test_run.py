@@ -12,8 +12,7 @@ import pytest
 from replayer.replay.client import Endpoint
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.run import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-
-from .test_engine import arrivals, replay, synth
+from tests.helpers.replay import arrivals, replay, synth
 
 
 def statuses(results, target=None):

@@ -15,7 +15,7 @@ from replayer.target.facts import (
     redact_command,
     relevant_env,
 )
-from tests.target.conftest import MODEL
+from tests.helpers.target import MODEL
 
 EXPOSITION = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

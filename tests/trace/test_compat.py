@@ -17,8 +17,7 @@ from replayer.errors import SchemaVersionError, TraceError
 from replayer.trace import Trace, compat
 from replayer.trace.compat import Migration
 from replayer.trace.schema import META_COLUMN_DIGESTS, META_VERSION, TRACE_SCHEMA_VERSION
-
-from .fixtures import (
+from tests.helpers.traces import (
     V1_FIXTURE,
     V2_FIXTURE,
     make_fixture,

@@ -12,8 +12,7 @@ import pytest
 from replayer.errors import TraceCorruptError, TraceError
 from replayer.trace import Trace
 from replayer.trace.framing import scan
-
-from .fixtures import write_current
+from tests.helpers.traces import write_current
 
 
 def _contents(t):

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from replayer.errors import SchemaVersionError, TraceError
 from replayer.trace import RequestRecord, TokenSpace, Trace, TraceMeta, TraceWriter
 from replayer.trace.schema import META_VERSION, TRACE_SCHEMA_VERSION
-
-from .test_writer import growing_session, write
+from tests.helpers.traces import growing_session, write
 
 SAMPLES = Path(__file__).resolve().parents[2] / "traces"
 

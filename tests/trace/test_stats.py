@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from replayer.trace import RequestRecord, Trace
 from replayer.trace.stats import inspect_trace, percentile, render_text
-
-from .test_writer import write
+from tests.helpers.traces import write
 
 
 def test_nearest_rank_percentile():

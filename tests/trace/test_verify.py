@@ -15,8 +15,7 @@ from replayer.errors import TraceCorruptError
 from replayer.trace import TokenSpace, Trace
 from replayer.trace.schema import TRACE_SCHEMA_VERSION
 from replayer.trace.verify import batches_of
-
-from .fixtures import write_current, write_v1
+from tests.helpers.traces import write_current, write_v1
 
 
 def test_verify_reads_the_selection_and_its_delta_bases_only(tmp_path):

@@ -11,8 +11,7 @@ import orjson
 import pytest
 
 from replayer.wire import Api, ChatAccumulator, CompletionsAccumulator, Event, Reply, merge_delta
-
-from .conftest import CHAT, CHAT_DEAD, COMPLETIONS, COMPLETIONS_DEAD, read
+from tests.helpers.wire import CHAT, CHAT_DEAD, COMPLETIONS, COMPLETIONS_DEAD, read
 
 
 def sha16(text: str) -> str:

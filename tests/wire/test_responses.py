@@ -9,8 +9,7 @@ import orjson
 import pytest
 
 from replayer.wire import Api, Reply, ResponsesAccumulator
-
-from .conftest import read
+from tests.helpers.wire import read
 
 
 def sse(*objs: dict[str, Any]) -> bytes:

@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replayer.wire import Event, SSEDecoder, is_event_stream
-
-from .conftest import CHAT
+from tests.helpers.wire import CHAT
 
 BOM = b"\xef\xbb\xbf"
 

@@ -14,8 +14,7 @@ import pytest
 from replayer.cli import build_parser
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     assert_fails_cleanly_or_imports,
     assert_import_fails,
     blocks_prompt,

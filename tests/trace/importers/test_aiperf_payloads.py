@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ._helpers import assert_import_fails, import_trace, run
+from tests.helpers.cli import run
+from tests.helpers.importers import assert_import_fails, import_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "aiperf-0.13"
 INPUTS = DATA / "inputs.json"

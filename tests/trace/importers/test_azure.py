@@ -12,8 +12,7 @@ import pytest
 
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     assert_import_fails,
     garbage_file,
     import_trace,

@@ -14,8 +14,8 @@ import pytest
 from replayer.cli import build_parser
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.cli import run
+from tests.helpers.importers import (
     approx_tokens,
     assert_fails_cleanly_or_imports,
     assert_import_fails,
@@ -24,7 +24,6 @@ from ._helpers import (
     import_trace,
     inspect_cli,
     mutants,
-    run,
     truncated_file,
 )
 

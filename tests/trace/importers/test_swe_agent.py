@@ -12,8 +12,7 @@ import pytest
 
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     approx_tokens,
     assert_fails_cleanly_or_imports,
     assert_import_fails,
