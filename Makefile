@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # so the servers it starts never share the cores with other tests.
 TEST_WORKERS ?= 2
 
-.PHONY: demo demo-vllm test lint docs bench install clean browser vllm-env
+.PHONY: demo demo-vllm test test-fast lint docs bench install clean browser vllm-env
 
 $(BIN)/python:
 	@if [ -z "$(PYTHON)" ]; then echo "make: Python 3.11+ not found (set PYTHON=...)" >&2; exit 2; fi
@@ -65,6 +65,13 @@ test: lint browser vllm-env
 	$(BIN)/python -m pytest -m realvllm $(PYTEST_ARGS); b=$$?; \
 	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
+
+# The in-process tier alone, in under a minute: the tests marked ``inprocess``
+# (no subprocess, no socket past loopback) that are not ``slow``. With
+# REPLAYER_TEST_INPROCESS=1 the guard in tests/helpers/inprocess.py holds every
+# test that runs to that, so the tier's property is checked, not assumed.
+test-fast: $(VENV)/.installed-test
+	REPLAYER_TEST_INPROCESS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "inprocess and not slow" -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check replayer tests bench docs

@@ -1,12 +1,16 @@
-"""Shared fixtures. The real public traces live in ../shared/data beside the
-checkout (CI puts them there); they are read in place, never copied.
+"""Shared fixtures and the hooks of the tiers. The real public traces live in
+../shared/data beside the checkout (CI puts them there); they are read in
+place, never copied. Helpers are in tests/helpers/, never here.
 
-Three tiers, run in this order: the emulator tier (everything not marked;
-kept under 10 minutes on 2 cores), the ``slow`` tier (end-to-end bisects and
+Four tiers, run in this order: the in-process tier (modules marked
+``inprocess``: no subprocess, no socket past loopback, held to it by
+tests/helpers/inprocess.py; ``make test-fast`` runs it alone, in under a
+minute), the emulator tier (everything not marked; with the in-process
+tier kept under 10 minutes on 2 cores), the ``slow`` tier (end-to-end bisects and
 resumes that take tens of seconds each), and the real-vLLM tier: every test
 that uses a real vLLM fixture (``vllm_env`` and what builds on it) is marked
 ``realvllm`` and runs last, so the servers it starts never share the two
-cores with the other tiers. ``make test`` runs the first two on two
+cores with the other tiers. ``make test`` runs the first three on two
 pytest-xdist workers, then the real-vLLM tier alone, in a second pytest.
 One server, :func:`vllm_shared`, serves every test that does not kill it.
 The summary ends with one line per tier: what ran, how long it took
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
 # part of test files and conftests, which pytest rewrites)
 pytest.register_assert_rewrite("tests.helpers")
 
-pytest_plugins = ["replayer.testing.pytest_plugin"]
+pytest_plugins = ["replayer.testing.pytest_plugin", "tests.helpers.inprocess"]
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("REPLAYER_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -87,16 +91,24 @@ def vllm_shared(
         srv.stop()
 
 
-TIERS = ("emulator", "slow", "realvllm")
-TIER_NAMES = {"emulator": "emulator tier", "slow": "slow tier", "realvllm": "real vLLM tier"}
-TIER_BUDGET_S = {"emulator": 600.0}
-"""The emulator tier's budget on an idle 2-core machine (a figure to read
-in the summary, never an assertion: a loaded machine takes longer)."""
+TIERS = ("inprocess", "emulator", "slow", "realvllm")
+TIER_NAMES = {
+    "inprocess": "in-process tier",
+    "emulator": "emulator tier",
+    "slow": "slow tier",
+    "realvllm": "real vLLM tier",
+}
+TIER_BUDGET_S = {"inprocess": 60.0, "emulator": 600.0}
+"""The budgets on an idle 2-core machine (figures to read in the summary,
+never assertions: a loaded machine takes longer)."""
 
 
 def tier(item: pytest.Item | pytest.TestReport) -> str:
     keys = item.keywords
-    return "realvllm" if "realvllm" in keys else "slow" if "slow" in keys else "emulator"
+    for t in ("realvllm", "slow", "inprocess"):
+        if t in keys:
+            return t
+    return "emulator"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

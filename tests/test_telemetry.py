@@ -13,6 +13,7 @@ from collections import Counter
 
 import aiohttp
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from replayer._async import spawn
@@ -231,6 +232,7 @@ def test_cli_reports_a_taken_metrics_port_in_one_line(tmp_path):
     assert f"cannot serve metrics on 127.0.0.1:{port}" in res.stderr
 
 
+@pytest.mark.inprocess
 def test_replay_bisect_and_record_take_the_flag():
     from replayer.cli import build_parser
 

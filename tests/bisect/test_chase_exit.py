@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import orjson
+import pytest
 
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
@@ -18,6 +19,8 @@ from replayer.replay.plan import select
 from replayer.session import Chase
 from tests.helpers.bisect import write_trace
 from tests.helpers.vllm_logs import ROCM_FAULT, ROCM_HIP
+
+pytestmark = pytest.mark.inprocess
 
 LOG, OTHER_LOG = ROCM_FAULT, ROCM_HIP
 """A ROCm HSA hard fault (the worker dies, a wrapper traceback), a HIP Triton error."""

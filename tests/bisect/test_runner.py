@@ -31,6 +31,8 @@ from replayer.session import NotExercised
 from replayer.trace import Trace
 from tests.helpers.bisect import SESSIONS, probes_of_binary_search, write_trace
 
+pytestmark = pytest.mark.inprocess
+
 PAIR = ("s1-1", "s3-2")
 """Positions 7 and 15 of 30: sessions arrive in order, turns in rounds."""
 LATE = 2

@@ -15,6 +15,8 @@ from replayer.bisect.search import bisect_reduce, shortest_prefix
 from replayer.testing.fakes import FakeRunner
 from tests.helpers.bisect import probes_of_binary_search
 
+pytestmark = pytest.mark.inprocess
+
 
 def make_oracle(tmp_path, culprits, p=1.0, seed=0, **kw):
     tmp_path.mkdir(exist_ok=True)

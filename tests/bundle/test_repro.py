@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import orjson
+import pytest
 
 from replayer.trace import Trace
 from tests.helpers.bundles import make_bundle
@@ -25,6 +26,7 @@ def repro(bundle, url):
     )
 
 
+@pytest.mark.inprocess
 def test_bundle_layout(tmp_path):
     b = make_bundle(tmp_path)
     assert sorted(p.name for p in b.iterdir()) == [
@@ -67,6 +69,7 @@ def test_repro_bad_usage(tmp_path):
     assert res.stderr.strip().startswith("repro.py: error: --url must be")
 
 
+@pytest.mark.inprocess
 def test_repro_knows_every_engine_death_message():
     """repro.py is standard library only, so it keeps its own copy of vLLM's
     engine-death texts: the copy must cover the monitor's list."""

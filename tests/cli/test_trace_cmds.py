@@ -113,6 +113,7 @@ def test_usage_errors_are_one_line(tmp_path):
     )
 
 
+@pytest.mark.inprocess
 def test_inspect_takes_replays_selection(capsys):
     from replayer.cli import main
 

@@ -3,12 +3,16 @@ prefix caching, batching limits, chunked prefill, preemption, fault hooks."""
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.emulator.config import EmulatorConfig
 from replayer.emulator.engine import Engine
 from replayer.emulator.faults import FaultPlan
 from replayer.emulator.metrics import Metrics
 from replayer.emulator.requestlog import RequestLog
 from tests.helpers.engine import add, make
+
+pytestmark = pytest.mark.inprocess
 
 
 def drain(e: Engine, limit: int = 10_000) -> int:

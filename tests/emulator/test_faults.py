@@ -19,6 +19,8 @@ from replayer.emulator.faults import (
 )
 from tests.helpers.engine import add, make
 
+pytestmark = pytest.mark.inprocess
+
 
 def test_spec_with_conditions_params_and_options():
     r = parse_spec("exit code=1 gpu=cuda when request=3 and running >= 2 p=0.5 delay=1.5", 4)

@@ -14,7 +14,7 @@ requests and SDK sessions), :mod:`~tests.helpers.emulator`,
 :mod:`~tests.helpers.bisect`, :mod:`~tests.helpers.vllm_logs`,
 :mod:`~tests.helpers.analysis`, :mod:`~tests.helpers.service`,
 :mod:`~tests.helpers.target`, :mod:`~tests.helpers.conformance`,
-:mod:`~tests.helpers.realvllm`, and the pytest plugins the root conftest.py
-loads: :mod:`~tests.helpers.tiers` (the per-tier summary) and
-:mod:`~tests.helpers.inprocess` (the fast tier's guard).
+:mod:`~tests.helpers.realvllm`, :mod:`~tests.helpers.agent_sessions`, and
+:mod:`~tests.helpers.inprocess`, the in-process tier's guard (a pytest
+plugin the root conftest.py loads).
 """

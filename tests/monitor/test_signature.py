@@ -131,6 +131,7 @@ def sig(log: str, cls: str = "engine_dead", **kw) -> Signature:
 # -- fixtures: exact readings ---------------------------------------------------------------
 
 
+@pytest.mark.inprocess
 def test_rocm_hard_fault():
     s = sig(ROCM_FAULT, "process_exit", exit_code=0)
     assert (s.exception, s.message) == ("RuntimeError", "Executor failed.")
@@ -155,6 +156,7 @@ def test_rocm_hard_fault():
     assert re.fullmatch(r"[0-9a-f]{12}", s.hash) and re.fullmatch(r"[0-9a-f]{12}", s.coarse_hash)
 
 
+@pytest.mark.inprocess
 def test_rocm_hip_triton_error_is_the_worker_traceback():
     s = sig(ROCM_HIP)
     assert s.exception == "RuntimeError"
@@ -170,6 +172,7 @@ def test_rocm_hip_triton_error_is_the_worker_traceback():
     assert s.events == ()
 
 
+@pytest.mark.inprocess
 def test_rocm_hsa_exception():
     s = sig(ROCM_HSA_EXCEPTION, "process_exit", signal=6)
     assert (s.exception, s.message) == (
@@ -190,6 +193,7 @@ def test_rocm_hsa_exception():
     assert s.exit == "signal SIGABRT"
 
 
+@pytest.mark.inprocess
 def test_cuda_illegal_memory_access():
     s = sig(CUDA_IMA)
     assert (s.exception, s.message) == (
@@ -200,6 +204,7 @@ def test_cuda_illegal_memory_access():
     assert s.gpu_errors == ("CUDA error: an illegal memory access was encountered", "NVRM Xid 31")
 
 
+@pytest.mark.inprocess
 def test_nccl_watchdog_device_side_assert():
     s = sig(NCCL_ASSERT)
     assert (s.exception, s.message) == ("RuntimeError", "CUDA error: device-side assert triggered")
@@ -211,6 +216,7 @@ def test_nccl_watchdog_device_side_assert():
     )
 
 
+@pytest.mark.inprocess
 def test_startup_failure_names_the_engine_cause_not_the_api_wrapper():
     s = sig(STARTUP, "process_exit", exit_code=1)
     assert (s.exception, s.message) == (
@@ -222,6 +228,7 @@ def test_startup_failure_names_the_engine_cause_not_the_api_wrapper():
     assert s.suspects == ()
 
 
+@pytest.mark.inprocess
 def test_bare_assertion_and_segfault_and_hang():
     a = sig(ASSERTION)
     assert (a.exception, a.message, a.frames[0]) == ("AssertionError", "", "scheduler.py:schedule")
@@ -235,6 +242,7 @@ def test_bare_assertion_and_segfault_and_hang():
     assert h.text == "hang: no traceback; events: no shared memory broadcast block (engine stalled)"
 
 
+@pytest.mark.inprocess
 def test_exit_is_part_of_the_hash():
     zero = sig(ROCM_FAULT, "process_exit", exit_code=0)
     abort = sig(ROCM_FAULT, "process_exit", exit_code=-6)
@@ -261,6 +269,7 @@ def test_exit_is_part_of_the_hash():
     assert killed.hash == sig("", "stream_cut", exit_code=-9).hash
 
 
+@pytest.mark.inprocess
 def test_log_hash_is_the_version_1_hash():
     # golden values: the log hash is byte for byte the hash replayer wrote
     # before the exit counted (checked against a version-1 signature.json)
@@ -275,6 +284,7 @@ def test_log_hash_is_the_version_1_hash():
     assert cases[0][0].coarse_hash == "4edbdedcfc4e"
 
 
+@pytest.mark.inprocess
 def test_version_1_signature_matches_on_its_log():
     s = sig(ROCM_FAULT, "process_exit", exit_code=0)
     d = s.to_dict()
@@ -297,6 +307,7 @@ def test_version_1_signature_matches_on_its_log():
 # -- stability and distinctness ---------------------------------------------------------------
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_same_fault_same_signature_under_noise(name):
     log = FIXTURES[name]
@@ -326,6 +337,7 @@ def test_same_fault_same_signature_under_noise(name):
             assert other.suspects == (f"s{seed}-t12", f"s{seed}-t11")
 
 
+@pytest.mark.inprocess
 def test_different_faults_different_signatures():
     sigs = {name: sig(log) for name, log in FIXTURES.items()}
     assert len({s.hash for s in sigs.values()}) == len(sigs)
@@ -340,6 +352,7 @@ def test_different_faults_different_signatures():
     assert not matches(sig(ROCM_FAULT, "process_exit"), sig(ROCM_FAULT, "engine_dead"))
 
 
+@pytest.mark.inprocess
 def test_only_the_last_launch_counts():
     both = (
         launch_marker(1, "vllm serve m", 0.0)
@@ -353,6 +366,7 @@ def test_only_the_last_launch_counts():
     assert last_launch(ROCM_HIP) == ROCM_HIP
 
 
+@pytest.mark.inprocess
 def test_api_only_tracebacks():
     # a 400 logged earlier is not why the engine died: the wrapper is the better name
     assert sig(API_NOISE + SEGFAULT, "process_exit").exception == "EngineDeadError"
@@ -375,6 +389,7 @@ def test_api_only_tracebacks():
     assert sig("", "client_error").exception is None
 
 
+@pytest.mark.inprocess
 def test_prompts_quoted_in_the_log_are_not_gpu_errors():
     log = prefixed(
         "APIServer",
@@ -390,6 +405,7 @@ def test_prompts_quoted_in_the_log_are_not_gpu_errors():
 # -- normalization -----------------------------------------------------------------------------
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     ("raw", "normalized"),
     [
@@ -431,6 +447,7 @@ def test_normalize(raw, normalized):
     assert normalize(raw) == normalized
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     ("line", "canonical"),
     [
@@ -487,6 +504,7 @@ def test_gpu_error_strings(line, canonical):
         assert got == (() if canonical is None else (canonical,))
 
 
+@pytest.mark.inprocess
 def test_normalize_known_request_ids_and_length():
     assert (
         normalize("KeyError: 'sess-2/turn-9'", request_ids={"sess-2/turn-9"}) == "KeyError: '<REQ>'"
@@ -494,6 +512,7 @@ def test_normalize_known_request_ids_and_length():
     assert len(normalize("x " * 1000)) == 240
 
 
+@pytest.mark.inprocess
 def test_frames_types_and_exit_text():
     fs = [
         Frame("/usr/lib/python3.12/asyncio/events.py", 88, "_run"),
@@ -517,6 +536,7 @@ def test_frames_types_and_exit_text():
 # -- log structure and suspects -------------------------------------------------------------------
 
 
+@pytest.mark.inprocess
 def test_parse_line_variants():
     a = parse_line(0, "(EngineCore_DP0 pid=12) ERROR 11-30 02:51:07 [core.py:1586] boom")
     assert (a.proc, a.pid, a.level, a.where, a.msg) == (
@@ -538,6 +558,7 @@ def test_parse_line_variants():
     assert (d.proc, d.pid, d.msg) == (None, None, "Memory access fault by GPU node-2")
 
 
+@pytest.mark.inprocess
 def test_tracebacks_are_rebuilt_per_process_despite_interleaving():
     eng = engine_fatal("RuntimeError: Executor failed.").splitlines(keepends=True)
     wrk = worker_exception(2, WORKER_TB, "RuntimeError: boom").splitlines(keepends=True)
@@ -554,6 +575,7 @@ def test_tracebacks_are_rebuilt_per_process_despite_interleaving():
     ]
 
 
+@pytest.mark.inprocess
 def test_chained_traceback_is_an_effect():
     log = prefixed(
         "EngineCore",
@@ -571,6 +593,7 @@ def test_chained_traceback_is_an_effect():
     assert sig(log).exception == "KeyError"
 
 
+@pytest.mark.inprocess
 def test_scheduler_dump_suspects_exact():
     d = dump(
         [("chatcmpl-sess-2/turn-9-1a2b3c4d", 0), ("cmpl-plain-id-00000000", 2048)],
@@ -587,6 +610,7 @@ def test_scheduler_dump_suspects_exact():
     assert s.computed_tokens == {"sess-2/turn-9": 0, "plain-id": 2048, "a": 337128, "b": 12}
 
 
+@pytest.mark.inprocess
 def test_scheduler_dump_older_and_unknown_layouts():
     old = (
         "Dumping scheduler output for model execution: SchedulerOutput(scheduled_new_reqs=[], "
@@ -615,6 +639,7 @@ def test_scheduler_dump_older_and_unknown_layouts():
     ]
 
 
+@pytest.mark.inprocess
 def test_client_request_id():
     assert client_request_id("chatcmpl-turn-3-1a2b3c4d") == "turn-3"
     assert client_request_id("cmpl-turn-3-1a2b3c4d") == "turn-3"
@@ -629,6 +654,7 @@ def test_client_request_id():
 # -- matching ----------------------------------------------------------------------------------
 
 
+@pytest.mark.inprocess
 def test_regex_pinning():
     hip, cuda = sig(ROCM_HIP), sig(CUDA_IMA)
     assert matches_regex(hip, r"Code: 700") and not matches_regex(cuda, r"Code: 700")
@@ -640,6 +666,7 @@ def test_regex_pinning():
     assert str(err.value).startswith("signature '(unclosed' is not a valid regex: ")
 
 
+@pytest.mark.inprocess
 def test_round_trip_and_hashable():
     s = sig(ROCM_HSA_EXCEPTION, exit_code=0)
     again = Signature.from_dict(s.to_dict())

@@ -139,6 +139,7 @@ async def test_continue_keeps_sending_after_a_failure(emulator_factory, tmp_path
     assert len(arrivals(emu)) == 6
 
 
+@pytest.mark.inprocess
 async def test_unreachable_target_exits_3(tmp_path):
     import socket
 

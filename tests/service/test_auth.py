@@ -9,6 +9,8 @@ import pytest
 from replayer.errors import UsageError
 from replayer.service.auth import authorized, is_loopback, load_token
 
+pytestmark = pytest.mark.inprocess
+
 TOKEN = "x" * 24
 
 

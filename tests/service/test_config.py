@@ -7,6 +7,8 @@ import pytest
 from replayer.errors import UsageError
 from replayer.service.config import load_targets
 
+pytestmark = pytest.mark.inprocess
+
 
 def test_targets_toml_errors(tmp_path):
     cases = [

@@ -8,6 +8,8 @@ import pytest
 
 from replayer.service.paths import PathRejected, confine, safe_name, suspicious_raw_path
 
+pytestmark = pytest.mark.inprocess
+
 
 def test_confine(tmp_path):
     root = (tmp_path / "root").resolve()

@@ -8,6 +8,8 @@ import pytest
 from replayer.service.config import load_targets
 from replayer.service.specs import SpecError, option_argv, plan_job, redact_argv
 
+pytestmark = pytest.mark.inprocess
+
 
 def test_option_argv_uses_the_cli_parser():
     assert option_argv(

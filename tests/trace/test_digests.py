@@ -17,6 +17,8 @@ from replayer.trace.digests import DIGEST_BYTES, Stored, check_columns, column_d
 from replayer.trace.schema import META_COLUMN_DIGESTS, META_SCHEMA_DIGEST
 from tests.helpers.traces import write_current
 
+pytestmark = pytest.mark.inprocess
+
 
 def roundtrip(arr: pa.Array) -> pa.Array:
     batch = pa.record_batch({"c": arr})

@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 
 import orjson
+import pytest
 
 from replayer.trace import Kind, RequestRecord
 from replayer.trace.export import write as export
 from tests.helpers.traces import growing_session, write, write_current
+
+pytestmark = pytest.mark.inprocess
 
 
 def test_jsonl_rows_in_trace_order(tmp_path):

@@ -14,6 +14,8 @@ from replayer.trace import Trace
 from replayer.trace.framing import scan
 from tests.helpers.traces import write_current
 
+pytestmark = pytest.mark.inprocess
+
 
 def _contents(t):
     return [(t.body_json(r), t.outcome(r)) for r in range(len(t))], t.column("request_id")

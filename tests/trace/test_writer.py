@@ -10,6 +10,8 @@ from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace import writer as writer_mod
 from tests.helpers.traces import chat, growing_session, write
 
+pytestmark = pytest.mark.inprocess
+
 
 def test_session_turns_store_only_what_they_append(tmp_path):
     recs, bodies = growing_session(4)

@@ -11,6 +11,8 @@ import pytest
 from replayer.wire import Api, MessagesAccumulator, Reply
 from tests.helpers.wire import read
 
+pytestmark = pytest.mark.inprocess
+
 
 def sse(*objs: dict[str, Any]) -> bytes:
     return b"".join(

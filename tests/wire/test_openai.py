@@ -13,6 +13,8 @@ import pytest
 from replayer.wire import Api, ChatAccumulator, CompletionsAccumulator, Event, Reply, merge_delta
 from tests.helpers.wire import CHAT, CHAT_DEAD, COMPLETIONS, COMPLETIONS_DEAD, read
 
+pytestmark = pytest.mark.inprocess
+
 
 def sha16(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]

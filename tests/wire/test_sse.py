@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from replayer.wire import Event, SSEDecoder, is_event_stream
 from tests.helpers.wire import CHAT
 
+pytestmark = pytest.mark.inprocess
+
 BOM = b"\xef\xbb\xbf"
 
 

@@ -16,7 +16,7 @@ from replayer.trace.stats import inspect_trace
 from tests.helpers.importers import block
 
 # The whole 710-session corpus is imported (about 15 s): the slow tier.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.inprocess]
 
 
 def import_trace(fmt, sources, out, *options):

@@ -14,6 +14,8 @@ from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
 from tests.helpers.importers import block
 
+pytestmark = pytest.mark.inprocess
+
 
 def import_trace(fmt, sources, out, *options):
     args = build_parser().parse_args(
