@@ -78,6 +78,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff format --check replayer tests bench docs
 	$(BIN)/mypy replayer bench docs/griffe_roles.py
 	$(BIN)/python tests/check_layers.py
+	$(BIN)/python tests/check_mirror.py
 	$(BIN)/mkdocs build --strict --quiet
 
 # The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or
