@@ -10,8 +10,9 @@ after mitmproxy's ``test/filename_matching.py``:
   which test covers it (and why it is not 1:1) or that it has no logic;
 * every ``tests/**/test_*.py`` names a module that way, or is listed (itself
   or a folder above it) in the README's table of cross-cutting tests;
-* no file under ``tests/`` imports a test file (``test_*.py``) or a
-  ``conftest.py``: what tests share lives in ``tests/helpers/``.
+* no file under ``tests/`` (or ``bench/``) imports a test file
+  (``test_*.py``) or a ``conftest.py``: what tests share lives in
+  ``tests/helpers/``.
 
 A README row that names a file that is not there is a problem too, so the
 table cannot go stale. Exit 0 when clean, 1 with one line per problem.
@@ -144,7 +145,8 @@ def check(root: Path) -> list[str]:
                 f"{test}: names no module (no {named_module(test)[0]}) and is not "
                 f"a cross-cutting test in {README}"
             )
-    for test in tests:
+    bench = sorted(p.relative_to(root) for p in (root / "bench").rglob("*.py"))
+    for test in tests + bench:
         tree = ast.parse((root / test).read_text(), str(test))
         mod = module_of(root, root / test)
         seen: set[tuple[int, str]] = set()
