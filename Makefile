@@ -3,6 +3,9 @@
 #   make test   - create .venv (and the real-vLLM environment) if missing, install
 #                 with test extras, lint, type-check, build the docs, run the tests
 #                 (real vLLM included)
+# and one more for the edit-test loop:
+#   make test-fast - the in-process tier alone (no subprocess, no socket past
+#                 loopback; under a minute)
 SHELL := /bin/bash
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; \

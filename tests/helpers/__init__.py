@@ -8,7 +8,7 @@ Modules: :mod:`~tests.helpers.net` (loopback ports), :mod:`~tests.helpers.cli`
 (the CLI as a subprocess), :mod:`~tests.helpers.traces` (trace writers and
 the committed older-schema fixtures), :mod:`~tests.helpers.importers`,
 :mod:`~tests.helpers.bundles`, :mod:`~tests.helpers.agents` (agent-API
-requests and SDK sessions), :mod:`~tests.helpers.emulator`,
+requests and a stream reader), :mod:`~tests.helpers.emulator`,
 :mod:`~tests.helpers.engine`, :mod:`~tests.helpers.wire`,
 :mod:`~tests.helpers.record`, :mod:`~tests.helpers.replay`,
 :mod:`~tests.helpers.bisect`, :mod:`~tests.helpers.vllm_logs`,
