@@ -21,6 +21,7 @@ table cannot go stale. Exit 0 when clean, 1 with one line per problem.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -75,9 +76,13 @@ def module_of(root: Path, path: Path) -> str:
     return ".".join(parts)
 
 
-def imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
-    """(line, module) for every import, relative ones resolved; a name
-    imported from a package counts as the module it may be."""
+@functools.lru_cache(maxsize=4096)
+def imported(text: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, module) for every import in the source ``text`` of ``module``,
+    relative ones resolved; a name imported from a package counts as the
+    module it may be. (Cached: a test of this script checks many trees that
+    differ in one file.)"""
+    tree = ast.parse(text)
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -147,10 +152,9 @@ def check(root: Path) -> list[str]:
             )
     bench = sorted(p.relative_to(root) for p in (root / "bench").rglob("*.py"))
     for test in tests + bench:
-        tree = ast.parse((root / test).read_text(), str(test))
         mod = module_of(root, root / test)
         seen: set[tuple[int, str]] = set()
-        for line, target in imported(tree, mod, test.name == "__init__.py"):
+        for line, target in imported((root / test).read_text(), mod, test.name == "__init__.py"):
             if target != mod and is_test_module(root, target) and (line, target) not in seen:
                 seen.add((line, target))
                 kind = "a conftest" if target.endswith("conftest") else "a test file"
