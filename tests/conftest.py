@@ -103,7 +103,7 @@ TIER_BUDGET_S = {"inprocess": 60.0, "emulator": 600.0}
 never assertions: a loaded machine takes longer)."""
 
 
-def tier(item: pytest.Item | pytest.TestReport) -> str:
+def _tier(item: pytest.Item | pytest.TestReport) -> str:
     keys = item.keywords
     for t in ("realvllm", "slow", "inprocess"):
         if t in keys:
@@ -115,7 +115,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.realvllm)
-    items.sort(key=lambda i: TIERS.index(tier(i)))  # stable: file order within a tier
+    items.sort(key=lambda i: TIERS.index(_tier(i)))  # stable: file order within a tier
 
 
 @pytest.hookimpl(wrapper=True)
@@ -136,7 +136,7 @@ _SKIPS: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    t = tier(report)
+    t = _tier(report)
     _SECONDS[t] += report.duration
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = "failed" if report.failed else report.outcome
