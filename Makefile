@@ -3,6 +3,9 @@
 #   make test   - create .venv (and the real-vLLM environment) if missing, install
 #                 with test extras, lint, type-check, build the docs, run the tests
 #                 (real vLLM included)
+# and one more for the edit-test loop:
+#   make test-fast - the in-process tier alone (no subprocess, no socket past
+#                 loopback; under a minute)
 SHELL := /bin/bash
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; \
@@ -15,7 +18,7 @@ PYTEST_ARGS ?=
 # so the servers it starts never share the cores with other tests.
 TEST_WORKERS ?= 2
 
-.PHONY: demo demo-vllm test lint docs bench install clean browser vllm-env
+.PHONY: demo demo-vllm test test-fast lint docs bench install clean browser vllm-env
 
 $(BIN)/python:
 	@if [ -z "$(PYTHON)" ]; then echo "make: Python 3.11+ not found (set PYTHON=...)" >&2; exit 2; fi
@@ -66,11 +69,19 @@ test: lint browser vllm-env
 	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
+# The in-process tier alone, in under a minute: the tests marked ``inprocess``
+# (no subprocess, no socket past loopback) that are not ``slow``. With
+# REPLAYER_TEST_INPROCESS=1 the guard in tests/helpers/inprocess.py holds every
+# test that runs to that, so the tier's property is checked, not assumed.
+test-fast: $(VENV)/.installed-test
+	REPLAYER_TEST_INPROCESS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "inprocess and not slow" -q $(PYTEST_ARGS)
+
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check replayer tests bench docs
 	$(BIN)/ruff format --check replayer tests bench docs
 	$(BIN)/mypy replayer bench docs/griffe_roles.py
 	$(BIN)/python tests/check_layers.py
+	$(BIN)/python tests/check_mirror.py
 	$(BIN)/mkdocs build --strict --quiet
 
 # The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from replayer.bisect.pipeline import Control, run_bisect
-from tests.bisect.test_runner import PlantedPair, bisect, write_trace
+from tests.helpers.bisect import PlantedPair, bisect, write_trace
 
 LIMIT_S = 1.0
 

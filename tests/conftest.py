@@ -1,12 +1,16 @@
-"""Shared fixtures. The real public traces live in ../shared/data beside the
-checkout (CI puts them there); they are read in place, never copied.
+"""Shared fixtures and the hooks of the tiers. The real public traces live in
+../shared/data beside the checkout (CI puts them there); they are read in
+place, never copied. Helpers are in tests/helpers/, never here.
 
-Three tiers, run in this order: the emulator tier (everything not marked;
-kept under 10 minutes on 2 cores), the ``slow`` tier (end-to-end bisects and
+Four tiers, run in this order: the in-process tier (modules marked
+``inprocess``: no subprocess, no socket past loopback, held to it by
+tests/helpers/inprocess.py; ``make test-fast`` runs it alone, in under a
+minute), the emulator tier (everything not marked; with the in-process
+tier kept under 10 minutes on 2 cores), the ``slow`` tier (end-to-end bisects and
 resumes that take tens of seconds each), and the real-vLLM tier: every test
 that uses a real vLLM fixture (``vllm_env`` and what builds on it) is marked
 ``realvllm`` and runs last, so the servers it starts never share the two
-cores with the other tiers. ``make test`` runs the first two on two
+cores with the other tiers. ``make test`` runs the first three on two
 pytest-xdist workers, then the real-vLLM tier alone, in a second pytest.
 One server, :func:`vllm_shared`, serves every test that does not kill it.
 The summary ends with one line per tier: what ran, how long it took
@@ -21,11 +25,18 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-pytest_plugins = ["replayer.testing.pytest_plugin"]
+if TYPE_CHECKING:
+    from tests.helpers.realvllm import SharedVLLM
+
+# the helpers' asserts explain themselves as a test's do (they were written as
+# part of test files and conftests, which pytest rewrites)
+pytest.register_assert_rewrite("tests.helpers")
+
+pytest_plugins = ["replayer.testing.pytest_plugin", "tests.helpers.inprocess"]
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("REPLAYER_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -39,26 +50,6 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-class SharedVLLM:
-    """The session's shared real vLLM and what it records about admission."""
-
-    def __init__(self, server: Any, admission_log: Path) -> None:
-        self.server = server
-        self.admission_log = admission_log
-
-    @property
-    def url(self) -> str:
-        return str(self.server.url)
-
-    @property
-    def model(self) -> str:
-        return str(self.server.model_name)
-
-    def reset_prefix_cache(self) -> None:
-        status, body = self.server.post("/reset_prefix_cache", {})
-        assert status == 200, body
-
-
 @pytest.fixture(scope="session")
 def vllm_shared(
     vllm_env: Any, vllm_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
@@ -70,6 +61,7 @@ def vllm_shared(
     are checked on the conformance suite's own server), and the plugin's
     admission record. Tests that stop it (SIGSTOP) resume it before they end."""
     from replayer.testing.vllm import VLLMServer
+    from tests.helpers.realvllm import SharedVLLM
 
     d = tmp_path_factory.mktemp("vllm-shared")
     admission = d / "admission.jsonl"
@@ -99,23 +91,31 @@ def vllm_shared(
         srv.stop()
 
 
-TIERS = ("emulator", "slow", "realvllm")
-TIER_NAMES = {"emulator": "emulator tier", "slow": "slow tier", "realvllm": "real vLLM tier"}
-TIER_BUDGET_S = {"emulator": 600.0}
-"""The emulator tier's budget on an idle 2-core machine (a figure to read
-in the summary, never an assertion: a loaded machine takes longer)."""
+TIERS = ("inprocess", "emulator", "slow", "realvllm")
+TIER_NAMES = {
+    "inprocess": "in-process tier",
+    "emulator": "emulator tier",
+    "slow": "slow tier",
+    "realvllm": "real vLLM tier",
+}
+TIER_BUDGET_S = {"inprocess": 60.0, "emulator": 600.0}
+"""The budgets on an idle 2-core machine (figures to read in the summary,
+never assertions: a loaded machine takes longer)."""
 
 
-def tier(item: pytest.Item | pytest.TestReport) -> str:
+def _tier(item: pytest.Item | pytest.TestReport) -> str:
     keys = item.keywords
-    return "realvllm" if "realvllm" in keys else "slow" if "slow" in keys else "emulator"
+    for t in ("realvllm", "slow", "inprocess"):
+        if t in keys:
+            return t
+    return "emulator"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.realvllm)
-    items.sort(key=lambda i: TIERS.index(tier(i)))  # stable: file order within a tier
+    items.sort(key=lambda i: TIERS.index(_tier(i)))  # stable: file order within a tier
 
 
 @pytest.hookimpl(wrapper=True)
@@ -136,7 +136,7 @@ _SKIPS: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    t = tier(report)
+    t = _tier(report)
     _SECONDS[t] += report.duration
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = "failed" if report.failed else report.outcome

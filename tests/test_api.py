@@ -86,6 +86,7 @@ async def test_replay_returns_typed_results_per_endpoint(tmp_path):
     assert res.paths.results.exists() and res.paths.summary.exists()
 
 
+@pytest.mark.inprocess
 def test_errors_name_parameters_not_flags(tmp_path):
     with pytest.raises(OptionError, match=r"^max_inflight must be at least 1$") as e:
         replayer.ReplayPolicy(max_inflight=0)
@@ -103,6 +104,7 @@ def test_errors_name_parameters_not_flags(tmp_path):
     assert not (tmp_path / "r").exists()  # refused before anything was created
 
 
+@pytest.mark.inprocess
 def test_the_cli_says_the_same_errors_in_flags(capsys):
     from replayer.cli import main
 

@@ -9,7 +9,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from ruamel.yaml import YAML
+
+pytestmark = pytest.mark.inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 
 import aiohttp
+import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
 from replayer._http import (
@@ -14,6 +15,8 @@ from replayer._http import (
     pooled_connector,
     streaming_timeout,
 )
+
+pytestmark = pytest.mark.inprocess
 
 
 async def test_pool_closes_idle_connections_before_vllm_does():

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.check_layers import LAYERS, check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +21,7 @@ def test_main_is_clean():
     assert (res.returncode, res.stdout) == (0, "")
 
 
+@pytest.mark.inprocess
 def test_every_subpackage_has_a_layer():
     units = {p.stem if p.is_file() else p.name for p in (ROOT / "replayer").iterdir()}
     units = {u for u in units if not u.startswith(("__pycache__", "py")) and u != "__init__"}
@@ -57,6 +60,7 @@ def test_an_upward_import_fails_the_script(tmp_path):
     assert res.returncode == 1 and "upward import" in res.stdout
 
 
+@pytest.mark.inprocess
 def test_lazy_and_type_only_imports_count(tmp_path):
     pkg = _copy(tmp_path)
     health = pkg / "monitor" / "health.py"
@@ -76,6 +80,7 @@ def test_lazy_and_type_only_imports_count(tmp_path):
     ]
 
 
+@pytest.mark.inprocess
 def test_a_cycle_inside_a_layer_and_an_unplaced_package_fail(tmp_path):
     pkg = _copy(tmp_path)
     _append(pkg / "trace" / "schema.py", "\nfrom replayer.trace import reader  # noqa\n")
@@ -87,6 +92,7 @@ def test_a_cycle_inside_a_layer_and_an_unplaced_package_fail(tmp_path):
     assert any(p.startswith("import cycle: ") and "replayer.trace.schema" in p for p in got), got
 
 
+@pytest.mark.inprocess
 def test_a_type_only_cycle_fails(tmp_path):
     """A type named back from the module that imports you is a cycle too."""
     pkg = _copy(tmp_path)
@@ -105,6 +111,7 @@ def test_a_type_only_cycle_fails(tmp_path):
     assert "replayer.monitor.signature" in new[0] and "replayer.monitor.watch" in new[0]
 
 
+@pytest.mark.inprocess
 def test_the_facade_is_a_layer_too(tmp_path):
     """Only the command line sits above ``replayer/__init__.py``: a stage
     that imports it (``import replayer``) reaches up to every layer."""

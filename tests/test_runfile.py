@@ -10,6 +10,8 @@ from replayer._runfile import JsonFile, RunFileError
 from replayer.bisect.files import VARIANTS, journal_events, journal_header
 from replayer.replay.files import RUN, SUMMARY, read_run
 
+pytestmark = pytest.mark.inprocess
+
 
 def test_written_files_are_stamped_and_read_back(tmp_path):
     SUMMARY.write(tmp_path, {"exit_code": 0, "targets": {}})

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import replayer
 from replayer import samples
 from replayer.samples import sample_trace
 from replayer.trace.reader import Trace
+
+pytestmark = pytest.mark.inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(replayer.__file__).resolve().parent

@@ -13,6 +13,7 @@ from collections import Counter
 
 import aiohttp
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from replayer._async import spawn
@@ -27,9 +28,9 @@ from replayer.replay.results import read_results
 from replayer.replay.run import replay_to_dir
 from replayer.session import Session
 from replayer.telemetry import TTFT_BUCKETS, LiveMetrics
-
-from .bisect.test_pipeline import emulator_cmd
-from .replay.test_engine import MODEL, synth
+from tests.helpers.bisect import emulator_cmd
+from tests.helpers.cli import SAMPLE
+from tests.helpers.replay import MODEL, synth
 
 WATCH = WatchConfig(health_interval=0.1, scrape_interval=0.5, settle=1.0, grace=0.2)
 
@@ -217,8 +218,6 @@ async def test_recorder_counters(emulator, tmp_path):
 def test_cli_reports_a_taken_metrics_port_in_one_line(tmp_path):
     import socket
 
-    from .cli.test_replay import SAMPLE
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -233,6 +232,7 @@ def test_cli_reports_a_taken_metrics_port_in_one_line(tmp_path):
     assert f"cannot serve metrics on 127.0.0.1:{port}" in res.stderr
 
 
+@pytest.mark.inprocess
 def test_replay_bisect_and_record_take_the_flag():
     from replayer.cli import build_parser
 

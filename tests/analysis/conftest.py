@@ -3,23 +3,14 @@ the headless Chromium the report tests render in."""
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-
 import pytest
 
-from replayer.monitor.watch import WatchConfig
 from replayer.replay.client import Endpoint
-from replayer.replay.plan import select
-from replayer.replay.policy import ReplayPolicy, Timing
-from replayer.replay.run import replay_to_dir
 from replayer.testing.browser import find_chromium
 from replayer.testing.emulator import EmulatorProcess
 from replayer.trace import Trace
 from replayer.trace.synth import SynthOptions, write_trace
-
-MODEL = "moonshotai/Kimi-K3"
-WATCH = WatchConfig(health_interval=0.1, scrape_interval=0.2, settle=1.0, grace=0.3)
+from tests.helpers.analysis import MODEL, replay
 
 
 @pytest.fixture(scope="session")
@@ -31,17 +22,6 @@ def chromium() -> str:
             "apt-get install -y chromium (make test does this as root), or set REPLAYER_CHROMIUM"
         )
     return path
-
-
-def replay(trace, targets, out, *, save_output=True, timing=Timing.ASAP, max_inflight=None):
-    out.mkdir(parents=True)
-    policy = ReplayPolicy(timing=timing, save_output=save_output, max_inflight=max_inflight)
-    return asyncio.run(
-        replay_to_dir(
-            trace, select(trace), policy, targets, out, command=["test"], progress=False,
-            watch=WATCH,
-        )
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -83,8 +63,3 @@ def runs(tmp_path_factory, trace):
         for e in emus:
             e.stop()
     return out
-
-
-def copy_run(src, dst):
-    shutil.copytree(src, dst)
-    return dst

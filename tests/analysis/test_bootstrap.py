@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from replayer.analysis.bootstrap import judge, percentile_ratio, quantile_draws
 from replayer.trace.stats import percentile
+
+pytestmark = pytest.mark.inprocess
 
 
 def test_exact_draws_match_resampling():

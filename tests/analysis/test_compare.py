@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from replayer.analysis.compare import CompareOptions, compare_runs, render
 from replayer.replay.results import Result, ResultsWriter, Status, read_results
-
-from .conftest import copy_run
+from tests.helpers.analysis import copy_run
 
 N = 100  # requests in the trace (conftest)
 JUDGED = [f"{m}_p{p}_ms" for m in ("ttft", "itl", "e2e") for p in (50, 90)]

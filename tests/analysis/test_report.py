@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
+import pytest
 
 from replayer.analysis.figures import BINS, MAX_BARS, MAX_LAG_POINTS
 from replayer.analysis.report import render_report, write_report
@@ -225,6 +226,7 @@ async def test_bisect_report_shows_the_search(runs, chromium, tmp_path):
     assert best == [48, 48, 30, 30, 22, 22, 20, 20, 6]
 
 
+@pytest.mark.inprocess
 def test_vendored_plotly_js_is_what_its_readme_says():
     vendor = Path(__file__).resolve().parents[2] / "replayer" / "analysis" / "vendor"
     js = (vendor / "plotly.min.js").read_bytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import orjson
+import pytest
 
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
@@ -16,8 +17,10 @@ from replayer.bisect.runner import FunctionRunner, Observation, Trial
 from replayer.monitor.signature import Signature, signature_from_log
 from replayer.replay.plan import select
 from replayer.session import Chase
-from tests.bisect.test_runner import write_trace
-from tests.monitor.test_signature import ROCM_FAULT, ROCM_HIP
+from tests.helpers.bisect import write_trace
+from tests.helpers.vllm_logs import ROCM_FAULT, ROCM_HIP
+
+pytestmark = pytest.mark.inprocess
 
 LOG, OTHER_LOG = ROCM_FAULT, ROCM_HIP
 """A ROCm HSA hard fault (the worker dies, a wrapper traceback), a HIP Triton error."""

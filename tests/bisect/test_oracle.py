@@ -8,6 +8,8 @@ import pytest
 from replayer.bisect.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
 from replayer.testing.fakes import FakeRunner
 
+pytestmark = pytest.mark.inprocess
+
 FULL = Candidate(tuple(range(10)))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import math
 import shlex
-import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +24,8 @@ from replayer.replay.policy import Order, ReplayPolicy, Timing
 from replayer.session import Session
 from replayer.trace import RequestRecord, TokenSpace, Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, write_trace
+from tests.helpers.bisect import emulator_cmd
+from tests.helpers.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "moonshotai/Kimi-K3"
@@ -32,28 +33,6 @@ WATCH = WatchConfig(
     health_interval=0.1, scrape_interval=1.0, stall_timeout=5.0, settle=3.0, grace=0.8
 )
 QUICK = BisectOptions(calibrate_matches=2, calibrate_runs=4, confirm=2)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def emulator_cmd(*faults, extra=()):
-    args = [
-        sys.executable,
-        "-m",
-        "replayer.emulator",
-        "--port",
-        str(free_port()),
-        "--speed",
-        "instant",
-        *extra,
-    ]
-    for f in faults:
-        args += ["--fault", f]
-    return shlex.join(args)
 
 
 def synth(tmp_path, **kw):

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from replayer.bisect.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
 from replayer.bisect.search import bisect_reduce, shortest_prefix
 from replayer.testing.fakes import FakeRunner
-from tests.bisect.test_runner import probes_of_binary_search
+from tests.helpers.bisect import probes_of_binary_search
+
+pytestmark = pytest.mark.inprocess
 
 
 def make_oracle(tmp_path, culprits, p=1.0, seed=0, **kw):

@@ -20,6 +20,8 @@ from replayer.replay.plan import select
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.schema import Kind
 
+pytestmark = pytest.mark.inprocess
+
 OPTS = BisectOptions(calibrate_matches=2, calibrate_runs=3, confirm=2)
 BS = 16
 

@@ -13,6 +13,8 @@ from replayer.bisect.stats import (
     zero_upper,
 )
 
+pytestmark = pytest.mark.inprocess
+
 
 @pytest.mark.parametrize(
     "k,n,lo,hi",

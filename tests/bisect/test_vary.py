@@ -24,6 +24,8 @@ from replayer.target.process import split_command
 from replayer.trace import Trace
 from replayer.trace.synth import SynthOptions, write_trace
 
+pytestmark = pytest.mark.inprocess
+
 VLLM = "vllm serve moonshotai/Kimi-K3 --port 8000"
 
 

@@ -51,6 +51,7 @@ def _bundle(tmp_path: Path) -> tuple[Path, list[str]]:
     return res.bundle, list(res.requests)
 
 
+@pytest.mark.inprocess
 def test_the_manifest_holds_the_whole_policy_and_reads_back_equal(tmp_path):
     bundle, _ = _bundle(tmp_path)
     m = read_manifest(bundle)
@@ -84,6 +85,7 @@ def _repro(bundle: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.inprocess
 def test_repro_py_knows_every_policy_field_and_its_default():
     from replayer.bundle import repro
 
@@ -100,6 +102,7 @@ def test_repro_py_refuses_a_policy_it_cannot_replay(tmp_path):
     assert "mode live" in res.stderr and "replayer bundle verify" in res.stderr
 
 
+@pytest.mark.inprocess
 def test_a_manifest_from_a_newer_replayer_is_refused_in_one_line(tmp_path):
     bundle, _ = _bundle(tmp_path)
     m = orjson.loads((bundle / "manifest.json").read_bytes())

@@ -7,32 +7,12 @@ import subprocess
 import sys
 
 import orjson
+import pytest
 
-from replayer.bundle.export import write_bundle
 from replayer.trace import Trace
-from replayer.trace.synth import SynthOptions, write_trace
+from tests.helpers.bundles import make_bundle
 
 MODEL = "moonshotai/Kimi-K3"
-
-
-def make_bundle(tmp_path, policy=None):
-    p = tmp_path / "t.arrow"
-    write_trace(
-        p, SynthOptions(sessions=2, turns=3, context=5_000, max_tokens=4, model=MODEL, seed=9)
-    )
-    t = Trace.open(p)
-    return write_bundle(
-        tmp_path / "bundle",
-        trace=t,
-        trace_sha256="x" * 64,
-        rows=t.order,
-        manifest={
-            "policy": policy or {"timing": "asap", "speed": 1.0},
-            "signature": None,
-            "prefix_length": 6,
-        },
-        trials=[{"trial": 1}],
-    )
 
 
 def repro(bundle, url):
@@ -46,6 +26,7 @@ def repro(bundle, url):
     )
 
 
+@pytest.mark.inprocess
 def test_bundle_layout(tmp_path):
     b = make_bundle(tmp_path)
     assert sorted(p.name for p in b.iterdir()) == [
@@ -88,6 +69,7 @@ def test_repro_bad_usage(tmp_path):
     assert res.stderr.strip().startswith("repro.py: error: --url must be")
 
 
+@pytest.mark.inprocess
 def test_repro_knows_every_engine_death_message():
     """repro.py is standard library only, so it keeps its own copy of vLLM's
     engine-death texts: the copy must cover the monitor's list."""

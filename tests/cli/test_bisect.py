@@ -17,8 +17,9 @@ import pytest
 from replayer.replay.results import read_results
 from replayer.trace import Trace
 from replayer.trace.synth import SynthOptions, write_trace
-
-from .test_replay import free_port, run
+from tests.helpers.bundles import make_bundle
+from tests.helpers.cli import assert_one_line_error, run
+from tests.helpers.net import free_port
 
 MODEL = "moonshotai/Kimi-K3"
 FAST = [
@@ -151,7 +152,6 @@ def test_killed_bisect_resumes_without_repeating_trials(tmp_path):
 def test_bisect_usage_errors(tmp_path):
     trace = tmp_path / "t.arrow"
     write_trace(trace, SynthOptions(sessions=1, turns=2, context=5_000, model=MODEL))
-    from .test_trace_cmds import assert_one_line_error
 
     assert_one_line_error(
         run("bisect", trace, "--out", tmp_path / "b", "--url", "http://127.0.0.1:1"),
@@ -172,8 +172,6 @@ def test_bisect_usage_errors(tmp_path):
 
 
 def test_bundle_verify_reports_the_rate(tmp_path):
-    from tests.bundle.test_repro import make_bundle
-
     b = make_bundle(tmp_path)
     # a dead engine keeps its process up: settle only as long as the 503s take to show
     common = ["--runs", "2", "--settle", "1", "--grace", "0.5", "--health-interval", "0.1"]

@@ -10,8 +10,8 @@ import sys
 import orjson
 import pytest
 
-from .test_replay import SAMPLE, free_port, run
-from .test_trace_cmds import assert_one_line_error
+from tests.helpers.cli import SAMPLE, assert_one_line_error, run
+from tests.helpers.net import free_port
 
 
 def launch(port, *fault):

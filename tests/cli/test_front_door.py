@@ -49,6 +49,7 @@ def _calls(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     "path", sorted([*ROOT.glob("cli/*.py"), *ROOT.glob("service/*.py")]), ids=lambda p: p.name
 )
@@ -67,6 +68,7 @@ def _handlers() -> list[tuple[str, ast.FunctionDef]]:
     return out
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("where,fn", _handlers(), ids=lambda x: x if isinstance(x, str) else "")
 def test_every_handler_calls_one_api_verb(where, fn):
     verbs = {name for _, name in _calls(fn) if name.startswith("api.")}
@@ -76,6 +78,7 @@ def test_every_handler_calls_one_api_verb(where, fn):
     assert len(verbs) == 1, (where, sorted(verbs))
 
 
+@pytest.mark.inprocess
 def test_the_service_worker_runs_jobs_through_the_api():
     tree = ast.parse((ROOT / "cli" / "worker.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_spec")

@@ -297,6 +297,7 @@ def test_restart_writes_a_segment_and_merge_relinks_sessions(emulator_factory, r
     assert_one_line_error(res, "already exists")
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     "extra,fragment",
     [

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,29 +12,8 @@ import orjson
 import pytest
 
 from replayer.replay.results import read_results
-
-from .test_trace_cmds import assert_one_line_error
-
-REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "traces" / "agents-8x10.arrow"
-
-
-def run(*args, env=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "replayer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from tests.helpers.cli import SAMPLE, assert_one_line_error, run
+from tests.helpers.net import free_port
 
 
 def test_survived_is_0_and_json_summary(emulator_factory, tmp_path):

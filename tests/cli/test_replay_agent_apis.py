@@ -6,17 +6,14 @@ and Messages get an error event)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import orjson
 import pytest
 
 from replayer.analysis.compare import compare_runs
 from replayer.analysis.report import render_report
 from replayer.trace import Trace
-from tests.agent_requests import mixed_trace
+from tests.helpers.agents import mixed_trace
+from tests.helpers.cli import run
 
 pytestmark = pytest.mark.e2e
 
@@ -26,16 +23,6 @@ SYNTH = ["--sessions", "3", "--turns", "4", "--context", "3000", "--system-token
 KIND = {"chat": "stream_error", "messages": "stream_error", "responses": "stream_cut"}
 """How a stream open at the death ends, per API; a request that arrives after
 it (which comes first is the machine's call) gets vLLM's 500 on every API."""
-
-
-def run(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replayer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ),
-    )
 
 
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])

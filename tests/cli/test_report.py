@@ -9,9 +9,7 @@ from pathlib import Path
 import orjson
 
 from replayer.replay.results import Result, ResultsWriter, Status, read_results
-
-from .test_replay import SAMPLE, run
-from .test_trace_cmds import assert_one_line_error
+from tests.helpers.cli import SAMPLE, assert_one_line_error, run
 
 PLOTLY_JS = Path(__file__).resolve().parents[2] / "replayer/analysis/vendor/plotly.min.js"
 

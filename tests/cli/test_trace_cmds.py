@@ -3,8 +3,6 @@ one clear stderr line for every kind of bad input."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -14,25 +12,7 @@ import pytest
 
 from replayer.trace import Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, sessions
-
-
-def run(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "replayer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-    )
-
-
-def assert_one_line_error(res, *fragments):
-    assert res.returncode == 2, res
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert "Traceback" not in res.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
+from tests.helpers.cli import assert_one_line_error, run
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +113,7 @@ def test_usage_errors_are_one_line(tmp_path):
     )
 
 
+@pytest.mark.inprocess
 def test_inspect_takes_replays_selection(capsys):
     from replayer.cli import main
 

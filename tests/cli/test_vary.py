@@ -9,8 +9,9 @@ import sys
 
 import orjson
 
-from .test_replay import free_port, run
-from .test_trace_cmds import assert_one_line_error
+from tests.helpers.bundles import make_bundle
+from tests.helpers.cli import assert_one_line_error, run
+from tests.helpers.net import free_port
 
 FAST = ["--settle", "0.5", "--grace", "0.3", "--health-interval", "0.1"]
 
@@ -24,8 +25,6 @@ def emulator(*faults, env=""):
 
 
 def test_verify_vary_finds_what_the_crash_needs(tmp_path):
-    from tests.bundle.test_repro import make_bundle
-
     b = make_bundle(tmp_path)  # 2 sessions of 3 turns: later turns hit the prefix cache
     variants = tmp_path / "variants.toml"
     variants.write_text(
@@ -83,8 +82,6 @@ def test_verify_vary_finds_what_the_crash_needs(tmp_path):
 
 
 def test_vary_usage_errors(tmp_path):
-    from tests.bundle.test_repro import make_bundle
-
     b = make_bundle(tmp_path)
     bad = tmp_path / "bad.toml"
     bad.write_text('[[variant]]\nname = "x"\nadd = "--enforce-eager"\n')

@@ -87,18 +87,20 @@ from typing import Any
 import pytest
 
 from replayer.testing.emulator import EmulatorProcess, poll_until
-from tests.agent_requests import TOOLS_A, TOOLS_R, decode, history, items
-from tests.conformance.conftest import BOUND, watched_emulator, watched_vllm
-from tests.conformance.test_wire import (
+from tests.helpers.agents import TOOLS_A, TOOLS_R, decode, history, items
+from tests.helpers.conformance import (
+    BOUND,
     EMULATOR_ARGS,
     MODEL,
     TOOL_ARGS,
     WATCHDOG,
     Server,
-    _emulator,
-    _vllm,
+    emulator_server,
     names,
     shape,
+    vllm_server,
+    watched_emulator,
+    watched_vllm,
     words,
 )
 
@@ -226,15 +228,15 @@ def dying_vllm(
 @pytest.fixture(params=["emulator", "vllm"])
 def server(request: pytest.FixtureRequest) -> Server:
     if request.param == "emulator":
-        return _emulator(request.getfixturevalue("agent_emulator"))
-    return _vllm(request.getfixturevalue("vllm_shared").server)
+        return emulator_server(request.getfixturevalue("agent_emulator"))
+    return vllm_server(request.getfixturevalue("vllm_shared").server)
 
 
 @pytest.fixture(params=["emulator", "vllm"])
 def dying(request: pytest.FixtureRequest) -> Server:
     if request.param == "emulator":
-        return _emulator(request.getfixturevalue("dying_emulator"))
-    return _vllm(request.getfixturevalue("dying_vllm"))
+        return emulator_server(request.getfixturevalue("dying_emulator"))
+    return vllm_server(request.getfixturevalue("dying_vllm"))
 
 
 # -- helpers ------------------------------------------------------------------------------

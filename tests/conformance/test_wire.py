@@ -41,11 +41,9 @@ import json
 import os
 import random
 import re
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +52,24 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from replayer.testing.emulator import EmulatorProcess, poll_until
-from tests.conformance.conftest import BOUND, watched_emulator, watched_vllm
-
-MODEL = "tiny-llama"
-VOCAB = 8192
-MAX_MODEL_LEN = 16384
-BLOCK = 128
-"""vLLM's KV block on CPU; the emulator is started with the same."""
-WATCHDOG = 5.0
-"""vLLM's watchdog period: a dead engine with no request hitting it ends the
-server at the next tick, counted from when the server started listening."""
+from tests.helpers.conformance import (
+    BLOCK,
+    BOUND,
+    EMULATOR_ARGS,
+    MAX_MODEL_LEN,
+    MODEL,
+    TOOL_ARGS,
+    VOCAB,
+    WATCHDOG,
+    Server,
+    emulator_server,
+    names,
+    shape,
+    vllm_server,
+    watched_emulator,
+    watched_vllm,
+    words,
+)
 
 KNOWN_DIFFERENCES = {
     "tokenizer": "The emulator counts tokens with the project's approximation (4 UTF-8 bytes "
@@ -122,113 +128,9 @@ TOOLS = [
         },
     }
 ]
-EMULATOR_ARGS = [
-    "--vllm-version", "0.32.0",
-    "--model", "/models/tiny-llama",
-    "--served-model-name", MODEL,
-    "--vocab-size", str(VOCAB),
-    "--max-model-len", str(MAX_MODEL_LEN),
-    "--block-size", str(BLOCK),
-    "--tensor-parallel-size", "1",
-    "--enable-prompt-tokens-details",
-    "--stats-interval", "0",
-]  # fmt: skip
-TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]
 
 
 # -- servers ------------------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def header(self, name: str) -> str | None:
-        return next((v for k, v in self.headers if k.lower() == name), None)
-
-
-@dataclass
-class Server:
-    """One server under test, whatever it is."""
-
-    kind: str
-    port: int
-    kill_engine: Callable[[], None] = field(repr=False)
-    wait_exit: Callable[[float], int | None] = field(repr=False)
-    listening_since: float | None = None
-    """``time.monotonic()`` when the port started accepting (the watchdog's phase)."""
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: object = None,
-        *,
-        raw: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Reply:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=BOUND)
-        try:
-            data = raw if raw is not None else None if body is None else json.dumps(body)
-            hdrs = {"Content-Type": "application/json"} if data is not None else {}
-            conn.request(method, path, body=data, headers={**hdrs, **(headers or {})})
-            resp = conn.getresponse()
-            return Reply(resp.status, resp.getheaders(), resp.read())
-        finally:
-            conn.close()
-
-    def post(self, path: str, body: object, **kw: Any) -> Reply:
-        return self.request("POST", path, body, **kw)
-
-    def get(self, path: str) -> Reply:
-        return self.request("GET", path)
-
-    def health(self) -> int | None:
-        """``/health``'s status, or None when the connection is refused (or
-        dropped: a probe that races the listening socket's close)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        try:
-            conn.request("GET", "/health")
-            return conn.getresponse().status
-        except (OSError, http.client.HTTPException):
-            return None
-        finally:
-            conn.close()
-
-    def openai(self) -> openai.OpenAI:
-        """A client to use as a context manager: one left open holds its
-        socket until a garbage collection (a ResourceWarning at some later,
-        unrelated test)."""
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=BOUND)
-
-
-def _emulator(emu: EmulatorProcess) -> Server:
-    return Server(
-        "emulator",
-        emu.port,
-        kill_engine=lambda: os.kill(emu.pid, signal.SIGUSR1),
-        wait_exit=lambda t: emu.wait_exit(t),
-        listening_since=getattr(emu, "listening_since", None),
-    )
-
-
-def _vllm(srv: Any) -> Server:
-    return Server(
-        "vllm",
-        srv.port,
-        kill_engine=lambda: os.kill(srv.engine_core(), signal.SIGKILL),
-        wait_exit=lambda t: srv.wait_exit(t),
-        listening_since=getattr(srv, "listening_since", None),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -269,16 +171,16 @@ def vllm_plain(
 def server(request: pytest.FixtureRequest) -> Server:
     """Tool calling on; never broken by a test."""
     if request.param == "emulator":
-        return _emulator(request.getfixturevalue("emulator_tools"))
-    return _vllm(request.getfixturevalue("vllm_shared").server)
+        return emulator_server(request.getfixturevalue("emulator_tools"))
+    return vllm_server(request.getfixturevalue("vllm_shared").server)
 
 
 @pytest.fixture(params=["emulator", "vllm"])
 def plain(request: pytest.FixtureRequest) -> Server:
     """No tool flags; the last test kills its engine."""
     if request.param == "emulator":
-        return _emulator(request.getfixturevalue("emulator_plain"))
-    return _vllm(request.getfixturevalue("vllm_plain"))
+        return emulator_server(request.getfixturevalue("emulator_plain"))
+    return vllm_server(request.getfixturevalue("vllm_plain"))
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -309,31 +211,9 @@ def events(raw: bytes) -> list[bytes]:
     return out
 
 
-def words(n: int, seed: str) -> str:
-    """``n`` random words: a prompt no earlier request shares a block with."""
-    rng = random.Random(seed + os.urandom(8).hex())
-    return " ".join(f"w{rng.randrange(10**8)}" for _ in range(n))
-
-
 def ids(n: int) -> list[int]:
     rng = random.Random(os.urandom(8))
     return [rng.randrange(100, VOCAB) for _ in range(n)]
-
-
-def shape(obj: Any) -> str:
-    """A JSON value's shape: keys in order, scalars by type (``s`` string, ``i``
-    int, ``f`` float, ``b`` bool, ``n`` null), a list by its first item."""
-    if isinstance(obj, dict):
-        return "{" + ",".join(f"{k}:{shape(v)}" for k, v in obj.items()) + "}"
-    if isinstance(obj, list):
-        return "[" + (shape(obj[0]) if obj else "") + "]"
-    if obj is None:
-        return "n"
-    return {bool: "b", int: "i", float: "f", str: "s"}[type(obj)]
-
-
-def names(reply: Reply) -> list[str]:
-    return [k for k, _ in reply.headers]
 
 
 # -- endpoints and headers -----------------------------------------------------------------

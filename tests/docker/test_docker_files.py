@@ -59,6 +59,7 @@ def _flags(command):
     }
 
 
+@pytest.mark.inprocess
 def test_compose_lab_structure(compose):
     s = compose["services"]
     assert set(s) == {"mi355", "b300", "docker-proxy", "replayer", "prometheus", "grafana"}
@@ -124,6 +125,7 @@ def test_compose_lab_structure(compose):
     assert set(compose["secrets"]) == {"replayer_token", "grafana_admin"}
 
 
+@pytest.mark.inprocess
 def test_targets_toml_names_the_compose_containers(compose):
     targets = load_targets(DOCKER / "targets.toml")
     assert set(targets.by_name) == {"mi355", "b300"}
@@ -187,6 +189,7 @@ def test_dockerfile_lints_clean_and_is_what_we_want():
         assert not included(excluded), excluded
 
 
+@pytest.mark.inprocess
 def test_prometheus_and_grafana_provisioning(compose):
     prom = load_yaml(DOCKER / "prometheus" / "prometheus.yml")
     jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
@@ -251,6 +254,7 @@ def resolves(name, fams):
     return False
 
 
+@pytest.mark.inprocess
 def test_dashboard_loads_and_queries_real_metrics():
     dash = json.loads((DOCKER / "grafana" / "dashboards" / "replayer.json").read_text())
     assert dash["uid"] == "replayer-lab" and dash["schemaVersion"] >= 36
@@ -280,6 +284,7 @@ def test_dashboard_loads_and_queries_real_metrics():
     assert not resolves("vllm:gpu_cache_usage_perc", fams)  # the old name is not accepted
 
 
+@pytest.mark.inprocess
 def test_dockerctl_demultiplexes_container_logs():
     spec = importlib.util.spec_from_file_location("dockerctl", DOCKER / "dockerctl.py")
     mod = importlib.util.module_from_spec(spec)

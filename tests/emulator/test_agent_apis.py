@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from replayer.testing.emulator import EmulatorProcess, poll_until
-from tests.agent_requests import TOOLS_A, TOOLS_R, decode, history, items
+from tests.helpers.agents import TOOLS_A, TOOLS_R, decode, history, items
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,7 @@ import pytest
 
 from replayer.testing.emulator import apoll_until
 from replayer.trace.tokens import approx_message_tokens, approx_text_tokens
-
-from .conftest import BOUND, MODEL, chat, client
+from tests.helpers.emulator import BOUND, MODEL, chat, client
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from replayer.testing.emulator import apoll_until
-
-from .conftest import BOUND, DEAD, DEAD_EVENT, DONE, MODEL, Stream, chat, in_order
+from tests.helpers.emulator import BOUND, DEAD, DEAD_EVENT, DONE, MODEL, Stream, chat, in_order
 
 pytestmark = pytest.mark.e2e
 

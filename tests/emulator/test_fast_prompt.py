@@ -6,6 +6,7 @@ vLLM's (a block's hash names the whole prefix)."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,8 @@ from replayer.emulator import tokenizer
 from replayer.emulator.config import EmulatorConfig
 from replayer.emulator.parsing import fast_token_prompt, parse_generation, parse_json_body
 from replayer.trace.tokens import BlockPrompts, TokenSpace
+
+pytestmark = pytest.mark.inprocess
 
 CT = "application/json"
 CFG = EmulatorConfig()

@@ -17,6 +17,9 @@ from replayer.emulator.faults import (
     load_rules,
     parse_spec,
 )
+from tests.helpers.engine import add, make
+
+pytestmark = pytest.mark.inprocess
 
 
 def test_spec_with_conditions_params_and_options():
@@ -294,8 +297,6 @@ def test_every_flag_the_default_variants_touch_parses_and_reaches_the_conditions
 
 
 def test_the_engine_tests_launch_settings_and_environment():
-    from tests.emulator.test_engine import add, make
-
     def errors(faults, **cfg):
         e = make(faults, **cfg)
         req = add(e, list(range(64)))
@@ -318,8 +319,6 @@ def test_the_engine_tests_launch_settings_and_environment():
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_room_for_all_of_it():
-    from tests.emulator.test_engine import add, make
-
     for chunked, first_step in [(True, [(1, 100), (2, 28)]), (False, [(1, 100)])]:
         e = make(max_num_batched_tokens=128, enable_chunked_prefill=chunked)
         add(e, list(range(100)))

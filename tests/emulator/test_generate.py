@@ -10,8 +10,7 @@ import openai
 import pytest
 
 from replayer.trace.tokens import approx_message_tokens, approx_text_tokens
-
-from .conftest import BOUND, MODEL, client, sse_events
+from tests.helpers.emulator import BOUND, MODEL, client, sse_events
 
 pytestmark = pytest.mark.e2e
 

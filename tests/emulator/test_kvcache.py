@@ -3,7 +3,11 @@ vLLM's LRU eviction order."""
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.emulator.kvcache import BlockPool
+
+pytestmark = pytest.mark.inprocess
 
 
 def h(i: int) -> bytes:

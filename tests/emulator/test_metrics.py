@@ -11,8 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from replayer.testing.emulator import apoll_until
 from replayer.trace.tokens import approx_message_tokens
-
-from .conftest import BOUND, MODEL, chat, client
+from tests.helpers.emulator import BOUND, MODEL, chat, client
 
 pytestmark = pytest.mark.e2e
 LABELS = {"engine": "0", "model_name": MODEL}

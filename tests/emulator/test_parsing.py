@@ -14,6 +14,8 @@ from replayer.emulator.parsing import (
     parse_json_body,
 )
 
+pytestmark = pytest.mark.inprocess
+
 CFG = EmulatorConfig(max_model_len=100)
 
 

@@ -24,8 +24,7 @@ from replayer.emulator.config import EmulatorConfig
 from replayer.emulator.generate import RUNTIME
 from replayer.emulator.runtime import Runtime
 from replayer.testing.emulator import apoll_until, poll_until
-
-from .conftest import BOUND, DONE, Stream, sse_events
+from tests.helpers.emulator import BOUND, DONE, Stream, sse_events
 
 MODEL = "tiny-llama"
 ENGINE_DEAD = (
@@ -95,6 +94,7 @@ def error(message: str, type_: str = "BadRequestError", param: str | None = None
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+@pytest.mark.inprocess
 def test_profile_selection():
     assert EmulatorConfig(vllm_version="0.32.0").profile == "0.32"
     assert EmulatorConfig(vllm_version="0.32.1rc1").profile == "0.32"
@@ -103,6 +103,7 @@ def test_profile_selection():
     assert EmulatorConfig(vllm_version="0.32.0", tensor_parallel_size=1).system_fingerprint
 
 
+@pytest.mark.inprocess
 def test_auto_tool_choice_needs_a_parser_at_start_up():
     from replayer.errors import UsageError
 
@@ -110,6 +111,7 @@ def test_auto_tool_choice_needs_a_parser_at_start_up():
         EmulatorConfig(enable_auto_tool_choice=True, tool_call_parser=None)
 
 
+@pytest.mark.inprocess
 async def test_out_of_vocabulary_token_ids(emu):
     r = await emu.post("/v1/completions", json=completion([1, 2, 20000], max_tokens=3))
     assert r.status_code == 400
@@ -133,12 +135,14 @@ async def test_out_of_vocabulary_token_ids(emu):
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_tokens"
 
 
+@pytest.mark.inprocess
 async def test_default_vocabulary_accepts_every_64_bit_id():
     async with serve(EmulatorConfig(speed=0.0, stats_interval=0)) as (c, _):
         body = {"prompt": [0, 1 << 40, (1 << 64) - 1], "max_tokens": 1}
         assert (await c.post("/v1/completions", json=body)).status_code == 200
 
 
+@pytest.mark.inprocess
 async def test_tokenize_answers_ids_inside_the_vocabulary(emu):
     r = await emu.post("/tokenize", json={"model": MODEL, "prompt": "hello world"})
     body = r.json()
@@ -165,6 +169,7 @@ async def test_tokenize_answers_ids_inside_the_vocabulary(emu):
 AUTO = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     ("extra", "status", "message"),
     [
@@ -191,6 +196,7 @@ async def test_tool_choice_without_the_tool_flags(emu, extra, status, message):
         assert r.json() == error(message)
 
 
+@pytest.mark.inprocess
 async def test_tool_usage_validation(emu):
     r = await emu.post("/v1/chat/completions", json=chat(max_tokens=3, tool_choice="auto"))
     assert r.json() == error(
@@ -204,6 +210,7 @@ async def test_tool_usage_validation(emu):
     assert r.json()["error"]["message"].startswith("The tool specified in `tool_choice` does not")
 
 
+@pytest.mark.inprocess
 async def test_tools_are_accepted_by_default():
     """The defaults describe an agent deployment: tool calling is on."""
     async with serve(EmulatorConfig(speed=0.0, stats_interval=0)) as (c, _):
@@ -211,6 +218,7 @@ async def test_tools_are_accepted_by_default():
         assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
 
 
+@pytest.mark.inprocess
 async def test_tool_choice_with_the_tool_flags_and_the_parser_metric():
     cfg = cfg032(enable_auto_tool_choice=True, tool_call_parser="pythonic")
     async with serve(cfg) as (c, _):
@@ -229,6 +237,7 @@ async def test_tool_choice_with_the_tool_flags_and_the_parser_metric():
         assert "tool_call_parser" not in (await c.get("/metrics")).text
 
 
+@pytest.mark.inprocess
 async def test_overflow_is_clamped_and_a_full_context_leaves_zero_tokens(emu):
     r = await emu.post("/v1/completions", json=completion([5] * 16000, max_tokens=1000))
     body = r.json()
@@ -246,6 +255,7 @@ async def test_overflow_is_clamped_and_a_full_context_leaves_zero_tokens(emu):
     )
 
 
+@pytest.mark.inprocess
 async def test_validation_wording(emu):
     r = await emu.post("/v1/completions", json=completion([5] * 17000, max_tokens=3))
     assert r.json() == error(
@@ -269,6 +279,7 @@ async def test_validation_wording(emu):
         )
 
 
+@pytest.mark.inprocess
 async def test_bodies_and_chunks_have_0_32_fields(emu):
     fp = re.compile(r"vllm-0\.32\.0-[0-9a-f]{8}")
     body = (await emu.post("/v1/chat/completions", json=chat(max_tokens=2))).json()
@@ -297,6 +308,7 @@ async def test_bodies_and_chunks_have_0_32_fields(emu):
         assert "kv_transfer_params" not in last and "weight_versions" not in last["choices"][0]
 
 
+@pytest.mark.inprocess
 async def test_created_cache_tokens_in_chat_usage(emu):
     text = "".join(f"w{i:05d} " for i in range(150))  # 225 tokens of 4 bytes + 4 framing
     first = (await emu.post("/v1/chat/completions", json=chat(text, max_tokens=2))).json()
@@ -314,6 +326,7 @@ async def test_created_cache_tokens_in_chat_usage(emu):
     assert usage["prompt_tokens_details"] == {"cached_tokens": full, "created_cache_tokens": 0}
 
 
+@pytest.mark.inprocess
 async def test_headers_are_uvicorn_lower_case_with_vary(emu):
     r = await emu.get("/health")
     assert list(r.headers.raw) == [
@@ -333,6 +346,7 @@ async def test_headers_are_uvicorn_lower_case_with_vary(emu):
         ]  # fmt: skip
 
 
+@pytest.mark.inprocess
 async def test_metric_families_of_a_real_0_32(emu):
     await emu.post("/v1/completions", json=completion("hi", max_tokens=2))
     await emu.get("/nope")
@@ -356,6 +370,7 @@ async def test_metric_families_of_a_real_0_32(emu):
     assert 'handler="/metrics"' not in text and 'handler="/health"' not in text
 
 
+@pytest.mark.inprocess
 async def test_a_new_request_after_death_gets_json_500_and_ends_the_server():
     """Measured on 0.32: once the API server knows the engine is dead, a new
     request - streaming or not - fails in the preflight with plain JSON 500,
@@ -372,6 +387,7 @@ async def test_a_new_request_after_death_gets_json_500_and_ends_the_server():
         assert rt.exited == 0
 
 
+@pytest.mark.inprocess
 async def test_watchdog_decides_the_503_window():
     async with serve(cfg032()) as (_, rt):
         rt.started_at = time.monotonic() - 3.6  # the watchdog ticks 1.4 s from now

@@ -6,11 +6,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from replayer.emulator import effects
 from replayer.emulator.config import EmulatorConfig
 from replayer.emulator.effects import Host
 from replayer.emulator.faults import parse_spec
 from replayer.emulator.runtime import Runtime
+
+pytestmark = pytest.mark.inprocess
 
 
 def test_effects_do_not_import_the_runtime():

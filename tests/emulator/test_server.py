@@ -13,8 +13,7 @@ import pytest
 
 from replayer.cli import build_parser
 from replayer.testing.emulator import EmulatorProcess, poll_until
-
-from .conftest import in_order
+from tests.helpers.emulator import in_order
 
 pytestmark = pytest.mark.e2e
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from replayer.emulator import tokenizer as tk
 from replayer.trace.tokens import approx_message_tokens, approx_text_tokens
+
+pytestmark = pytest.mark.inprocess
 
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=200)
 parts = st.one_of(

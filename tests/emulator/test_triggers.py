@@ -13,8 +13,7 @@ import pytest
 
 from replayer.testing.emulator import EmulatorProcess, apoll_until
 from replayer.trace.tokens import approx_message_tokens
-
-from .conftest import BOUND, DEAD_EVENT, DONE, Stream, chat
+from tests.helpers.emulator import BOUND, DEAD_EVENT, DONE, Stream, chat
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.emulator import wire
+
+pytestmark = pytest.mark.inprocess
 
 FP = "vllm-0.33.0-tp8-3f9a1c2e"
 MODEL = "moonshotai/Kimi-K3"

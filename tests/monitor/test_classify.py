@@ -7,6 +7,8 @@ import pytest
 from replayer.monitor.classify import Evidence, FailureClass, classify, is_engine_death_message
 from replayer.monitor.health import Probe
 
+pytestmark = pytest.mark.inprocess
+
 OK = Probe(t=1.0, status=200, latency=0.001)
 DEAD = Probe(t=1.0, status=503, latency=0.001)
 GONE = Probe(t=2.0, status=None, latency=0.001, error="refused")

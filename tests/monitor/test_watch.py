@@ -202,6 +202,7 @@ def streaming(index, dispatched, *, tokens_at=(), input_tokens=100):
     return InFlight(index, f"r{index}", dispatched, input_tokens, stats)
 
 
+@pytest.mark.inprocess
 async def test_the_watchdog_fires_exactly_at_the_stall_timeout():
     clock = VirtualClock(autojump=False)  # time moves on advance()
     w, failures, aborted = watch_on(clock, stall_timeout=2.0)
@@ -214,6 +215,7 @@ async def test_the_watchdog_fires_exactly_at_the_stall_timeout():
     await w.stop()
 
 
+@pytest.mark.inprocess
 async def test_new_progress_moves_the_deadline():
     clock = VirtualClock(autojump=False)  # time moves on advance()
     w, failures, _ = watch_on(clock, stall_timeout=2.0)
@@ -228,6 +230,7 @@ async def test_new_progress_moves_the_deadline():
     await w.stop()
 
 
+@pytest.mark.inprocess
 async def test_a_prefill_has_its_allowance_before_it_counts_as_silent():
     clock = VirtualClock(autojump=False)  # time moves on advance()
     # 8,000 input tokens at 1,000 tokens/s: 8 s allowed on top of the 1 s stall timeout
@@ -240,6 +243,7 @@ async def test_a_prefill_has_its_allowance_before_it_counts_as_silent():
     await w.stop()
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("answer", [503, "refused"])
 async def test_no_hang_while_health_says_dead_or_gone(answer):
     clock = VirtualClock(autojump=False)  # time moves on advance()
@@ -272,6 +276,7 @@ def hang_report(w):
                     error_class=None, http_status=None, inflight=["r0"])  # fmt: skip
 
 
+@pytest.mark.inprocess
 async def test_a_hang_with_health_stalled_fires_at_the_stall_timeout():
     clock = VirtualClock(autojump=False)  # time moves on advance()
     # due at 8.1 s; by then the probes of 1 and 4 s have timed out in a row
@@ -293,6 +298,7 @@ async def test_a_hang_with_health_stalled_fires_at_the_stall_timeout():
     await w.stop()
 
 
+@pytest.mark.inprocess
 async def test_a_hang_called_on_the_last_200_reports_health_stalled_from_what_followed():
     clock = VirtualClock(autojump=False)  # time moves on advance()
     # due at 2.1 s, while the probe of 1 s is still waiting: its last answer
@@ -308,6 +314,7 @@ async def test_a_hang_called_on_the_last_200_reports_health_stalled_from_what_fo
     await w.stop()
 
 
+@pytest.mark.inprocess
 async def test_one_timed_out_probe_is_a_busy_server_not_a_stalled_api():
     clock = VirtualClock(autojump=False)  # time moves on advance()
     # probes at 0, 1, 2 (timed out at 4), 5 (200), ...; due at 4.1: a lone
@@ -329,6 +336,7 @@ async def test_one_timed_out_probe_is_a_busy_server_not_a_stalled_api():
     await w.stop()
 
 
+@pytest.mark.inprocess
 async def test_health_failures_in_a_row_fail_the_target_at_the_probe_that_counts():
     clock = VirtualClock(autojump=False)  # time moves on advance()
     # probes every 1 s; the engine dies at 2.5 s: 503 at 3 s and at 4 s
@@ -347,6 +355,7 @@ async def test_health_failures_in_a_row_fail_the_target_at_the_probe_that_counts
     await w.stop()
 
 
+@pytest.mark.inprocess
 async def test_the_grace_period_is_exact_and_catches_a_late_exit():
     clock = VirtualClock(limit=3600)
     w, failures, _ = watch_on(clock, grace=3.0, process=Process(clock))
@@ -362,6 +371,7 @@ async def test_the_grace_period_is_exact_and_catches_a_late_exit():
     await w.stop()
 
 
+@pytest.mark.inprocess
 async def test_settle_waits_out_its_window_unless_the_server_is_gone():
     clock = VirtualClock(limit=3600)
     w, _, _ = watch_on(clock, settle=4.0, health_interval=0.5)

@@ -15,6 +15,8 @@ from replayer.cli import build_parser
 from replayer.cli.args import build
 from replayer.errors import OptionError, ReplayerError
 
+pytestmark = pytest.mark.inprocess
+
 CLASSES = sorted({c for cs in options.VERBS.values() for c in cs}, key=lambda c: c.__name__)
 ENUM_FIELDS = [
     (cls, s)

@@ -1,44 +1,13 @@
-"""What the real-vLLM tier's tests share: the CLI as a user runs it, and small
-traces sized for a tiny model on two cores (vocabulary 8,192, contexts under
-the servers' 16,384-token limit, short replies)."""
+"""The real-vLLM tier's fixture: small traces made once per session, sized
+for a tiny model on two cores (the helpers are in tests/helpers/realvllm.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
-VOCAB = 8192
-TOKEN_RANGE = f"100:{VOCAB}"
-"""Block token ids inside the tiny models' vocabulary."""
-
-
-def cli(*args: Any, timeout: float = 600, env: dict[str, str] | None = None) -> Any:
-    """``replayer ARGS`` in a subprocess, bounded."""
-    return subprocess.run(
-        [sys.executable, "-m", "replayer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-
-
-def summary(run: Path) -> dict[str, Any]:
-    out: dict[str, Any] = orjson.loads((run / "summary.json").read_bytes())
-    return out
-
-
-def synth(out: Path, *args: Any) -> Path:
-    res = cli("synth", "-o", out, "--force", *args, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return out
+from tests.helpers.realvllm import cli, synth
 
 
 @pytest.fixture(scope="session")

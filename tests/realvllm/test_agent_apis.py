@@ -8,9 +8,8 @@ from __future__ import annotations
 from replayer.record.proxy import RecordConfig, RecordingProxy
 from replayer.replay.results import read_results
 from replayer.trace.reader import Trace
-
-from ..record.test_agent_apis import claude_session, codex_session, round_robin
-from .conftest import cli, summary
+from tests.helpers.agent_sessions import claude_session, codex_session, round_robin
+from tests.helpers.realvllm import cli, summary
 
 
 async def test_sdks_through_the_recorder_see_what_they_see_direct(vllm_shared, tmp_path):

@@ -22,8 +22,7 @@ import orjson
 
 from replayer.replay.results import read_results
 from replayer.testing.vllm import VLLMServer, cache_hit_fault, free_port, serve_command
-
-from .conftest import cli
+from tests.helpers.realvllm import cli
 
 
 def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh_server(

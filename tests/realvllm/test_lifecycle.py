@@ -20,9 +20,8 @@ from pathlib import Path
 import orjson
 
 from replayer.testing.vllm import free_port, serve_command
-from tests.agent_requests import mixed_trace
-
-from .conftest import cli, summary, synth
+from tests.helpers.agents import mixed_trace
+from tests.helpers.realvllm import cli, summary, synth
 
 APIS = ("chat", "messages", "responses")
 

@@ -20,8 +20,7 @@ from replayer.testing.vllm import admission_sequence, in_order_fraction, ordered
 from replayer.trace.reader import Trace
 from replayer.trace.stats import ideal_prefix_hits
 from replayer.trace.tokens import TokenSpace
-
-from .conftest import TOKEN_RANGE, cli, summary
+from tests.helpers.realvllm import TOKEN_RANGE, cli, summary
 
 
 def replay(trace: Path, shared, out: Path, *args, timeout: float = 300):

@@ -12,8 +12,9 @@ import pytest
 
 from replayer.record.capture import Capture
 from replayer.wire import Api
+from tests.helpers.record import TOOL_CALL, tool_body, tool_stream
 
-from .conftest import TOOL_CALL, tool_body, tool_stream
+pytestmark = pytest.mark.inprocess
 
 CHAT_SSE = (
     b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'

@@ -23,8 +23,7 @@ import pytest
 
 from replayer.testing.emulator import apoll_until
 from replayer.trace.reader import Trace
-
-from .conftest import MODEL, TOOL_CALL
+from tests.helpers.record import MODEL, TOOL_CALL
 
 EMU_ARGS = ["--speed", "instant", "--seed", "11", "--enable-prompt-tokens-details"]
 TOOLS = [
@@ -146,6 +145,7 @@ async def tool_calls(base_url: str) -> list:
         await client.close()
 
 
+@pytest.mark.inprocess
 async def test_tool_calls_streamed_and_not(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     want = await tool_calls(fake_upstream.url)
@@ -169,6 +169,7 @@ async def test_tool_calls_streamed_and_not(fake_upstream, proxy_factory):
     assert t.meta(rows[2])["parent"] == t.column("request_id")[rows[1]]
 
 
+@pytest.mark.inprocess
 async def test_every_method_path_status_and_header_passes(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     hop = {
@@ -226,6 +227,7 @@ async def test_every_method_path_status_and_header_passes(fake_upstream, proxy_f
     assert len(t) == 0  # nothing here is a recorded endpoint
 
 
+@pytest.mark.inprocess
 async def test_sse_is_relayed_event_by_event(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     async with aiohttp.ClientSession() as s, s.get(f"{proxy.url}/gated") as r:
@@ -237,6 +239,7 @@ async def test_sse_is_relayed_event_by_event(fake_upstream, proxy_factory):
         assert await r.read() == b"data: second\n\n"
 
 
+@pytest.mark.inprocess
 async def test_headers_are_not_held_for_the_body(fake_upstream, proxy_factory):
     # a small body goes out in one write with its headers, but headers the
     # upstream sent alone reach the client at once, not with the first event
@@ -254,6 +257,7 @@ async def test_headers_are_not_held_for_the_body(fake_upstream, proxy_factory):
             assert orjson.loads(await r.read())["path_qs"] == "/small"
 
 
+@pytest.mark.inprocess
 async def test_bodies_of_hundreds_of_mb_stream_through(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     block = bytes(range(256)) * 4096  # 1 MiB
@@ -287,6 +291,7 @@ async def test_bodies_of_hundreds_of_mb_stream_through(fake_upstream, proxy_fact
     assert t.body(0) == big and t.column("body_bytes")[0] == len(raw)
 
 
+@pytest.mark.inprocess
 async def test_abandoned_stream_is_kept_and_the_upstream_sees_it(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "stream": True}
@@ -303,6 +308,7 @@ async def test_abandoned_stream_is_kept_and_the_upstream_sees_it(fake_upstream, 
     assert (o["status"], o["output_text"], o["finish_reason"]) == (200, "partial ", None)
 
 
+@pytest.mark.inprocess
 async def test_upstream_cut_mid_stream_cuts_the_client_and_is_recorded(
     fake_upstream, proxy_factory
 ):
@@ -324,6 +330,7 @@ async def test_upstream_cut_mid_stream_cuts_the_client_and_is_recorded(
     assert (o["status"], o["output_text"]) == (200, "partial ")
 
 
+@pytest.mark.inprocess
 async def test_error_status_is_recorded_with_its_message(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}]}
@@ -343,6 +350,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.inprocess
 async def test_upstream_down_gives_502_and_records_the_error(proxy_factory):
     upstream = f"http://127.0.0.1:{closed_port()}"
     proxy = await proxy_factory(upstream)
@@ -362,6 +370,7 @@ async def test_upstream_down_gives_502_and_records_the_error(proxy_factory):
     assert t.meta(0)["failure"] == "connect" and t.body(0) == body
 
 
+@pytest.mark.inprocess
 async def test_request_ids_and_session_headers(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -458,6 +467,7 @@ async def test_no_secret_is_ever_written(emulator_factory, proxy_factory, tmp_pa
     assert "CANARY" not in orjson.dumps(t.provenance).decode()
 
 
+@pytest.mark.inprocess
 async def test_stop_records_in_flight_exchanges_as_shutdown(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url, drain=0.2)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "stream": True}
@@ -473,6 +483,7 @@ async def test_stop_records_in_flight_exchanges_as_shutdown(fake_upstream, proxy
     assert t.meta(0)["abandoned"] == "shutdown" and not t.torn_tail
 
 
+@pytest.mark.inprocess
 async def test_forks_through_the_proxy_share_the_parent_prefix(fake_upstream, proxy_factory):
     proxy = await proxy_factory(fake_upstream.url)
     client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="sk-test", max_retries=0)
@@ -504,6 +515,7 @@ async def test_forks_through_the_proxy_share_the_parent_prefix(fake_upstream, pr
     assert [t.meta(r).get("parent") for r in rows[1:]] == ["rec-000001"] * 3
 
 
+@pytest.mark.inprocess
 async def test_next_turn_sent_on_done_before_the_stream_ends_still_continues(
     fake_upstream, proxy_factory
 ):
@@ -540,6 +552,7 @@ async def test_next_turn_sent_on_done_before_the_stream_ends_still_continues(
     assert timing["reply"] < timing["done"]
 
 
+@pytest.mark.inprocess
 async def test_compressed_request_body_is_forwarded_as_is_and_recorded_decoded(
     fake_upstream, proxy_factory
 ):

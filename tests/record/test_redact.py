@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.record.redact import MASK, Redactor, secret_header
+
+pytestmark = pytest.mark.inprocess
 
 
 def test_credential_headers_by_name_or_value():

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import pytest
+
 from replayer.record.run import event_loop_factory, tune_gc
+
+pytestmark = pytest.mark.inprocess
 
 
 def test_event_loop_factory_gives_a_working_loop_or_the_default():

@@ -4,10 +4,14 @@ re-infers inferred ones across the restart, and keeps every body."""
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.record.segments import claim, existing_segments, merge
 from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.reader import Trace
 from replayer.trace.writer import TraceWriter
+
+pytestmark = pytest.mark.inprocess
 
 SYS = {"role": "system", "content": "agent"}
 

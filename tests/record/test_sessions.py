@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from replayer.record.sessions import SessionTracker, norm_message
+
+pytestmark = pytest.mark.inprocess
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. Use the tools."}
 

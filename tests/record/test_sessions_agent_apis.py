@@ -9,7 +9,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from replayer.record.sessions import SessionTracker
+
+pytestmark = pytest.mark.inprocess
 
 
 class Claude:

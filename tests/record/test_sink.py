@@ -4,11 +4,15 @@ was never written is dropped instead of failing the row."""
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.record.sink import TraceSink
 from replayer.testing.emulator import poll_until
 from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.reader import Trace
 from replayer.trace.writer import TraceWriter
+
+pytestmark = pytest.mark.inprocess
 
 
 def record(rid: str, content: str, base: str | None = None) -> RequestRecord:

@@ -11,6 +11,8 @@ import pytest
 
 from replayer.replay.bodies import Bodies
 
+pytestmark = pytest.mark.inprocess
+
 
 class Builder:
     def __init__(self, size: int = 10, fail: int | None = None) -> None:

@@ -64,6 +64,7 @@ async def test_whole_body_and_an_error_status(emulator):
     assert r.error is not None and "nope" in r.error
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     ("code", "message", "cls"),
     [

@@ -32,34 +32,12 @@ from replayer.replay.content import TargetContent
 from replayer.replay.engine import Replay
 from replayer.replay.plan import build_plan, select
 from replayer.replay.policy import Mode, OnFailure, Order, ReplayPolicy, Timing
-from replayer.replay.results import ResultsWriter, read_results
-from replayer.replay.run import replay_to_dir
+from replayer.replay.results import ResultsWriter
 from replayer.testing import FakeHealth, FakeServer, Script, VirtualClock
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
-from replayer.trace.synth import SynthOptions, write_trace
+from tests.helpers.replay import MODEL, arrivals, replay, synth
 
-MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
 REPO = Path(__file__).resolve().parents[2]
-
-
-def synth(tmp_path, name="t.arrow", **kw):
-    p = tmp_path / name
-    write_trace(p, SynthOptions(model=MODEL, **{"max_tokens": 8, **kw}))
-    return Trace.open(p)
-
-
-async def replay(trace, targets, tmp_path, policy=None, name="run", **selection):
-    rows = select(trace, **selection)
-    out = tmp_path / name
-    out.mkdir()
-    outcome = await replay_to_dir(
-        trace, rows, policy or ReplayPolicy(), targets, out, command=["test"], progress=False
-    )
-    return outcome, rows, read_results(out / "results.arrow")
-
-
-def arrivals(emu):
-    return [e for e in emu.read_request_log() if e["event"] == "request"]
 
 
 async def test_strict_order_sends_in_trace_order(emulator_factory, tmp_path):
@@ -449,6 +427,7 @@ def session_trace(tmp_path, sessions, name="s.arrow"):
     return Trace.open(p)
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("speed", [1.0, 2.5, 0.25])
 async def test_recorded_timing_dispatches_at_the_offsets_over_speed(tmp_path, speed):
     starts = [0, 40, 90, 90, 150, 300, 310, 320, 500, 800, 1000]
@@ -466,6 +445,7 @@ async def test_recorded_timing_dispatches_at_the_offsets_over_speed(tmp_path, sp
     ]
 
 
+@pytest.mark.inprocess
 async def test_a_turn_waits_for_its_predecessor_plus_the_think_gap(tmp_path):
     # turn 1 was recorded 50 ms after turn 0 ended; turn 0 takes 200 ms here
     t = session_trace(tmp_path, {"slow": [(0, 20), (70, None)], "fast": [(0, 20), (70, None)]})
@@ -483,6 +463,7 @@ async def test_a_turn_waits_for_its_predecessor_plus_the_think_gap(tmp_path):
         assert r["fast-1"].scheduled_us == r["fast-1"].dispatched_us == fast_at
 
 
+@pytest.mark.inprocess
 async def test_gaps_timing_is_closed_loop(tmp_path):
     t = session_trace(tmp_path, {"s": [(0, 20), (70, None)]})
     replay, _, _ = await vreplay(
@@ -494,6 +475,7 @@ async def test_gaps_timing_is_closed_loop(tmp_path):
     assert by_id(replay)["s-1"].dispatched_us == 5_000 + 50_000  # earlier than recorded
 
 
+@pytest.mark.inprocess
 async def test_strict_order_is_trace_order_and_each_turn_waits(tmp_path):
     t = synth(tmp_path, sessions=6, turns=4, context=5_000, rate=50, think=0.0, seed=3)
 
@@ -517,6 +499,7 @@ async def test_strict_order_is_trace_order_and_each_turn_waits(tmp_path):
         assert x.scheduled_us == x.dispatched_us == due, rid[r]
 
 
+@pytest.mark.inprocess
 async def test_admitted_order_waits_for_the_previous_response_headers(tmp_path):
     t = timed_trace(tmp_path, [0, 0, 0, 0])
     headers_after = Script(ttft=0.03, tokens=1)
@@ -540,6 +523,7 @@ async def test_admitted_order_waits_for_the_previous_response_headers(tmp_path):
     assert [r.dispatched_us for r in strict.runs["e"].results] == [0, 0, 0, 0]
 
 
+@pytest.mark.inprocess
 async def test_session_order_runs_each_session_on_its_own(tmp_path):
     t = session_trace(tmp_path, {s: [(0, 1), (1, 2), (2, None)] for s in ("a", "b", "c")})
     took = {"a": 0.010, "b": 0.025, "c": 0.040}
@@ -566,6 +550,7 @@ async def test_session_order_runs_each_session_on_its_own(tmp_path):
     }
 
 
+@pytest.mark.inprocess
 async def test_session_order_builds_each_body_just_before_it_is_due(tmp_path, monkeypatch):
     # thousands of sessions waiting for their start must not each hold a
     # body (memory) nor build them all at T0 before the first send (lag)
@@ -590,6 +575,7 @@ async def test_session_order_builds_each_body_just_before_it_is_due(tmp_path, mo
             assert built[i] <= 0
 
 
+@pytest.mark.inprocess
 async def test_every_target_runs_the_same_schedule_from_one_anchor(tmp_path):
     starts = [0, 40, 90, 150, 300]
     replay, server, _ = await vreplay(
@@ -600,6 +586,7 @@ async def test_every_target_runs_the_same_schedule_from_one_anchor(tmp_path):
         assert server.order(f"http://{name}") == [f"r{i}" for i in range(len(starts))]
 
 
+@pytest.mark.inprocess
 async def test_a_failure_stops_dispatch_and_the_rest_is_not_sent(tmp_path):
     t = timed_trace(tmp_path, [0, 100, 200, 300, 400, 500])
     fails = Script(ttft=0.010, status=500)
@@ -624,6 +611,7 @@ async def test_a_failure_stops_dispatch_and_the_rest_is_not_sent(tmp_path):
     ]
 
 
+@pytest.mark.inprocess
 async def test_a_burst_opens_its_connections_together_and_writes_in_trace_order(tmp_path):
     # 40 requests due at once, each connection 10 ms to open: opened one after
     # another (each once the previous request was written) the last would go
@@ -645,6 +633,7 @@ async def test_a_burst_opens_its_connections_together_and_writes_in_trace_order(
     assert all(r.status.value == "ok" for r in results)
 
 
+@pytest.mark.inprocess
 async def test_a_request_still_connecting_when_the_target_fails_is_never_sent(tmp_path):
     # r1 is due at 5 ms but its connection opens at 25 ms; r0 failed at 10 ms
     t = timed_trace(tmp_path, [0, 5, 6])
@@ -661,6 +650,7 @@ async def test_a_request_still_connecting_when_the_target_fails_is_never_sent(tm
     ]
 
 
+@pytest.mark.inprocess
 async def test_continue_after_a_failure_keeps_the_schedule(tmp_path):
     t = timed_trace(tmp_path, [0, 100, 200, 300])
     fails = Script(ttft=0.010, status=500)
@@ -679,6 +669,7 @@ WATCH = WatchConfig(
 )
 
 
+@pytest.mark.inprocess
 async def test_the_watchdog_declares_a_hang_exactly_stall_timeout_after_the_last_token(
     tmp_path,
 ):
@@ -707,6 +698,7 @@ async def test_the_watchdog_declares_a_hang_exactly_stall_timeout_after_the_last
     assert clock_health[0].closed
 
 
+@pytest.mark.inprocess
 async def test_a_long_prefill_gets_its_allowance_and_no_more(tmp_path):
     t = session_trace(tmp_path, {"s": [(0, None)]})
     tokens = t.column("input_tokens")[0]
@@ -729,6 +721,7 @@ async def test_a_long_prefill_gets_its_allowance_and_no_more(tmp_path):
     assert f is not None and (f.kind, f.at_us) == ("hang", 9_000_000)
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("order", [Order.SESSION, Order.STRICT])
 async def test_an_interrupt_during_a_hung_turn_sends_nothing_more(tmp_path, order):
     # Ctrl-C cancels the replay while a session waits on its hung first turn:
@@ -769,6 +762,7 @@ async def test_an_interrupt_during_a_hung_turn_sends_nothing_more(tmp_path, orde
     assert got["b-0"] == ("ok", None)
 
 
+@pytest.mark.inprocess
 async def test_a_cookie_the_server_sets_is_never_sent_back(tmp_path):
     # A load balancer's stickiness cookie (AWSALB, say) on every response: a
     # client with a cookie jar would put it on every later request, headers
@@ -810,6 +804,7 @@ async def test_a_cookie_the_server_sets_is_never_sent_back(tmp_path):
     assert cookies == [None] * 4
 
 
+@pytest.mark.inprocess
 async def test_two_targets_share_the_prompt_cache_and_leave_it_empty(tmp_path):
     """Each target's builder plans its builds: a session's prompts stay until
     the last target has built its last turn, then leave; a replay that

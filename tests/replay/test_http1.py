@@ -15,6 +15,8 @@ from replayer.replay.http1 import Gate, Pool, request_head, split
 from replayer.replay.results import Result, Status
 from replayer.replay.transport import Request
 
+pytestmark = pytest.mark.inprocess
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK_BODY = orjson.dumps(
     {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}], "usage": {}}

@@ -9,6 +9,8 @@ from replayer.replay.plan import build_plan, parse_spec, select
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 
+pytestmark = pytest.mark.inprocess
+
 
 def make_trace(tmp_path, rows):
     """rows: (request_id, session, turn, start_ms, end_ms or None)"""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.replay.results import (
     FIELDS,
     Result,
@@ -10,6 +12,8 @@ from replayer.replay.results import (
     close_open_writers,
     read_results,
 )
+
+pytestmark = pytest.mark.inprocess
 
 
 def result(i: int) -> Result:

@@ -12,8 +12,7 @@ import pytest
 from replayer.replay.client import Endpoint
 from replayer.replay.policy import ReplayPolicy, Timing
 from replayer.replay.run import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-
-from .test_engine import arrivals, replay, synth
+from tests.helpers.replay import arrivals, replay, synth
 
 
 def statuses(results, target=None):
@@ -140,6 +139,7 @@ async def test_continue_keeps_sending_after_a_failure(emulator_factory, tmp_path
     assert len(arrivals(emu)) == 6
 
 
+@pytest.mark.inprocess
 async def test_unreachable_target_exits_3(tmp_path):
     import socket
 

@@ -89,6 +89,7 @@ async def test_a_worker_that_dies_is_reported_and_its_bodies_still_go_out():
     assert m and int(m[1]) >= 1, note
 
 
+@pytest.mark.inprocess
 def test_sessions_are_dealt_whole_to_the_least_loaded_worker():
     sessions = ["a", "b", "a", "c", "b", "d", "a"]
     weight = [10, 3, 10, 2, 3, 1, 10]
@@ -126,6 +127,7 @@ async def test_a_replay_with_two_workers_sends_what_one_sends_in_the_same_order(
 GB = 1 << 30
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     ("body_bytes", "span_s", "cpus", "want"),
     [
@@ -147,6 +149,7 @@ def test_auto_workers_only_where_a_thread_cannot_keep_up(body_bytes, span_s, cpu
     assert auto_workers(body_bytes, span_s, cpus) == want
 
 
+@pytest.mark.inprocess
 def test_workers_option_takes_auto_or_a_count():
     from replayer.errors import OptionError
 

@@ -4,72 +4,10 @@ emulator launch commands, and an httpx client carrying the token."""
 
 from __future__ import annotations
 
-import shlex
-import socket
-import sys
-
-import httpx
 import pytest
 
 from replayer.service.launcher import ServeProcess
-from replayer.trace.synth import SynthOptions, write_trace
-
-MODEL = "moonshotai/Kimi-K3"
-TOKEN = "test-token-0123456789abcdef"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def emulator_cmd(port, *faults):
-    args = [sys.executable, "-m", "replayer.emulator", "--port", str(port), "--speed", "instant"]
-    for f in faults:
-        args += ["--fault", f]
-    return shlex.join(args)
-
-
-def write_targets(path, targets):
-    """``targets``: name -> dict of keys (strings quoted as TOML basic strings)."""
-    lines = []
-    for name, table in targets.items():
-        lines.append(f"[targets.{name}]")
-        for k, v in table.items():
-            lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = """{v}"""')
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def small_trace(path, **kw):
-    opts = dict(
-        sessions=4, turns=5, context=8_000, rate=50, think=0.0, max_tokens=4, model=MODEL, seed=3
-    )
-    opts.update(kw)
-    write_trace(path, SynthOptions(**opts))
-    return path
-
-
-class Serve:
-    """A started ServeProcess and a client for it."""
-
-    def __init__(self, proc: ServeProcess):
-        self.proc = proc
-        self.client = httpx.Client(base_url=proc.url, headers=proc.auth, timeout=30)
-
-    @property
-    def url(self):
-        return self.proc.url
-
-    def get(self, path, **kw):
-        return self.client.get(path, **kw)
-
-    def post(self, path, **kw):
-        return self.client.post(path, **kw)
-
-    def close(self):
-        self.client.close()
+from tests.helpers.service import TOKEN, Serve
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ import time
 import orjson
 import pytest
 
-from .conftest import emulator_cmd, free_port, small_trace, write_targets
+from tests.helpers.net import free_port
+from tests.helpers.service import emulator_cmd, small_trace, write_targets
 
 FAULT = "exit after=0.2 when cached_tokens>=5000 and prompt_tokens>=7000"
 OPTIONS = {

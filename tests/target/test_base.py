@@ -16,7 +16,7 @@ from replayer.errors import LaunchError, OptionError, TargetError
 from replayer.target import ExitInfo, ExternalTarget, ResetMode, ResetResult, reset_mode
 from replayer.target.base import NotReady, ServerTarget
 from replayer.testing import VirtualClock
-from tests.target.conftest import MODEL, chat
+from tests.helpers.target import MODEL, chat
 
 pytestmark = pytest.mark.e2e
 

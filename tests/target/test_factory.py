@@ -13,6 +13,8 @@ from replayer.target import (
     url_from_command,
 )
 
+pytestmark = pytest.mark.inprocess
+
 
 def test_launch_reads_the_url_from_the_command(tmp_path):
     t = make_target(

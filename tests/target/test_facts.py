@@ -15,7 +15,7 @@ from replayer.target.facts import (
     redact_command,
     relevant_env,
 )
-from tests.target.conftest import MODEL
+from tests.helpers.target import MODEL
 
 EXPOSITION = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -28,6 +28,7 @@ num_gpu_blocks="65536"} 1.0
 """
 
 
+@pytest.mark.inprocess
 def test_relevant_env_keeps_kernel_knobs_and_drops_secrets():
     env = {
         "VLLM_ROCM_USE_AITER": "1",
@@ -56,6 +57,7 @@ def test_relevant_env_keeps_kernel_knobs_and_drops_secrets():
     }
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     ("cmd", "redacted"),
     [
@@ -76,6 +78,7 @@ def test_redact_command(cmd, redacted):
     assert redact_command(cmd) == redacted
 
 
+@pytest.mark.inprocess
 def test_cache_config_labels():
     assert cache_config_labels(EXPOSITION) == {
         "block_size": "16",
@@ -146,6 +149,7 @@ async def test_facts_without_dev_mode_say_what_is_missing(launched):
     assert gone.command["exit"] == "code 0"
 
 
+@pytest.mark.inprocess
 async def test_gather_facts_from_odd_answers():
     def handler(request: httpx.Request) -> httpx.Response:
         return {

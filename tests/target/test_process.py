@@ -18,13 +18,13 @@ from replayer.errors import LaunchError, ModelNotServed, TargetError
 from replayer.monitor.signature import signature_from_log
 from replayer.target import ExitInfo, LaunchedTarget
 from replayer.target.process import group_members, split_command
-from tests.target.conftest import (
+from tests.helpers.net import free_port
+from tests.helpers.target import (
     MODEL,
     assert_group_gone,
     assert_port_free,
     chat,
     emulator_cmd,
-    free_port,
     live_members,
     until_up,
 )

@@ -20,7 +20,8 @@ from replayer.monitor.logs import last_launch
 from replayer.monitor.signature import signature_from_log
 from replayer.target import RestartableTarget
 from replayer.target.remote import run_command
-from tests.target.conftest import MODEL, assert_port_free, chat, free_port, live_members
+from tests.helpers.net import free_port
+from tests.helpers.target import MODEL, assert_port_free, chat, live_members
 
 pytestmark = pytest.mark.e2e
 

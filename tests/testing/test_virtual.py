@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 import textwrap
 
+import pytest
+
 import replayer.testing
 from replayer.replay.results import Result, Status
 from replayer.replay.transport import Request, Transport
 from replayer.testing import FakeHealth, FakeServer, Script, VirtualClock, virtual
+
+pytestmark = pytest.mark.inprocess
 
 
 def test_the_names_load_on_first_use():

@@ -50,6 +50,7 @@ def decisions(tmp_path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.inprocess
 def test_raise_fires_on_the_request_with_a_long_prompt_and_a_cache_hit(tmp_path):
     inj = injector("raise gpu=hip when prompt_tokens>=100 and cached_tokens>=64", tmp_path)
     inj.before_step(step(Req("a", [1] * 120)))  # long, no hit
@@ -62,6 +63,7 @@ def test_raise_fires_on_the_request_with_a_long_prompt_and_a_cache_hit(tmp_path)
     inj.before_step(step(Req("d", [1] * 130, 64)))  # times=1: fired already
 
 
+@pytest.mark.inprocess
 def test_request_ordinal_counts_new_requests_once(tmp_path):
     inj = injector("raise gpu=cuda when request=3", tmp_path)
     inj.before_step(step(Req("a", [1]), Req("b", [1])))
@@ -71,6 +73,7 @@ def test_request_ordinal_counts_new_requests_once(tmp_path):
     assert [d["request_id"] for d in decisions(tmp_path)] == ["c"]
 
 
+@pytest.mark.inprocess
 def test_step_rules_see_scheduled_tokens_and_probability_is_drawn(tmp_path):
     inj = injector("slow add=0 steps=2 when scheduled_tokens>=10 p=0.5 times=0", tmp_path, seed=3)
     for _ in range(20):
@@ -82,6 +85,7 @@ def test_step_rules_see_scheduled_tokens_and_probability_is_drawn(tmp_path):
     assert fired == [rng.random() < 0.5 for _ in range(20)]
 
 
+@pytest.mark.inprocess
 def test_delayed_effect_waits_for_a_later_step(tmp_path, monkeypatch):
     clock = [100.0]
     monkeypatch.setattr("replayer.testing.vllm_plugin.time.monotonic", lambda: clock[0])
@@ -94,6 +98,7 @@ def test_delayed_effect_waits_for_a_later_step(tmp_path, monkeypatch):
         inj.before_step(step())
 
 
+@pytest.mark.inprocess
 def test_bad_rules_are_one_clear_error():
     with pytest.raises(FaultSpecError, match="unknown variable 'running'"):
         parse_rules("raise when running>=2")

@@ -19,6 +19,8 @@ from replayer.trace.model import kind_of
 from replayer.trace.schema import Kind
 from replayer.trace.synth import SynthOptions, sessions
 
+pytestmark = pytest.mark.inprocess
+
 
 def cli(*args: object) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()

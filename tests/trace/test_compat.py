@@ -17,8 +17,7 @@ from replayer.errors import SchemaVersionError, TraceError
 from replayer.trace import Trace, compat
 from replayer.trace.compat import Migration
 from replayer.trace.schema import META_COLUMN_DIGESTS, META_VERSION, TRACE_SCHEMA_VERSION
-
-from .fixtures import (
+from tests.helpers.traces import (
     V1_FIXTURE,
     V2_FIXTURE,
     make_fixture,
@@ -42,6 +41,7 @@ def _stored(path):
     return r.schema, [(b.batch, b.custom_metadata) for b in batches]
 
 
+@pytest.mark.inprocess
 def test_v1_fixture_regenerates_to_the_same_content(tmp_path):
     schema, batches = _stored(make_v1_fixture(tmp_path / "v1.arrow"))
     committed_schema, committed = _stored(V1_FIXTURE)
@@ -52,6 +52,7 @@ def test_v1_fixture_regenerates_to_the_same_content(tmp_path):
         assert meta is None and cmeta is None  # v1: no digests
 
 
+@pytest.mark.inprocess
 def test_v1_fixture_is_the_old_shape(tmp_path):
     schema, batches = _stored(V1_FIXTURE)
     assert schema.metadata[META_VERSION] == b"1"
@@ -60,6 +61,7 @@ def test_v1_fixture_is_the_old_shape(tmp_path):
     assert schema.names == current.file_schema.names  # v1 -> v2 changed no column
 
 
+@pytest.mark.inprocess
 def test_v1_opens_migrated_with_the_same_bodies(tmp_path):
     old = Trace.open(V1_FIXTURE)
     new = Trace.open(write_current(tmp_path / "v2.arrow"))
@@ -75,6 +77,7 @@ def test_v1_opens_migrated_with_the_same_bodies(tmp_path):
     assert f"migrated to v{TRACE_SCHEMA_VERSION} in memory" in report.lines()[0]
 
 
+@pytest.mark.inprocess
 def test_v2_fixture_regenerates_with_the_digests_of_its_own_schema(tmp_path):
     schema, batches = _stored(make_fixture(2, tmp_path / "v2.arrow"))
     committed_schema, committed = _stored(V2_FIXTURE)
@@ -85,6 +88,7 @@ def test_v2_fixture_regenerates_with_the_digests_of_its_own_schema(tmp_path):
         assert b.equals(c) and meta == cmeta and META_COLUMN_DIGESTS in meta
 
 
+@pytest.mark.inprocess
 def test_v2_opens_migrated_and_verifies_its_digests(tmp_path):
     old = Trace.open(V2_FIXTURE)
     new = Trace.open(write_current(tmp_path / "v3.arrow"))
@@ -96,6 +100,7 @@ def test_v2_opens_migrated_and_verifies_its_digests(tmp_path):
     assert f"schema v2 (migrated to v{TRACE_SCHEMA_VERSION} in memory)" in report.lines()[0]
 
 
+@pytest.mark.inprocess
 def test_a_v1_stream_opens_too(tmp_path):
     v1 = write_v1(write_current(tmp_path / "s.arrow", form="stream"), tmp_path / "v1s.arrow")
     t = Trace.open(v1)
@@ -103,6 +108,7 @@ def test_a_v1_stream_opens_too(tmp_path):
     t.verify()
 
 
+@pytest.mark.inprocess
 def test_convert_rewrites_v1_at_the_current_version(tmp_path):
     out = tmp_path / "v2.arrow"
     rc, _, err = cli("trace", "convert", V1_FIXTURE, "-o", out)
@@ -166,6 +172,7 @@ def _relabel(v):
     return step
 
 
+@pytest.mark.inprocess
 def test_chain_runs_every_step_in_order(tmp_path):
     seen = []
 
@@ -193,6 +200,7 @@ def test_chain_runs_every_step_in_order(tmp_path):
         compat.chain(tmp_path, 4, target=3, registry=reg)
 
 
+@pytest.mark.inprocess
 def test_the_reader_migrates_index_and_content_batch_by_batch(monkeypatch):
     """A step that rewrites values reaches both halves of every batch, as
     each is decoded (here: the model, an index column; the recorded output,

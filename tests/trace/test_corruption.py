@@ -30,8 +30,7 @@ from replayer.cli import main
 from replayer.testing.emulator import EmulatorProcess
 from replayer.trace import Trace
 from replayer.trace.framing import scan
-
-from .fixtures import write_current
+from tests.helpers.traces import write_current
 
 
 @pytest.fixture(scope="module")

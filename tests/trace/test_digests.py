@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from replayer.errors import TraceCorruptError
 from replayer.trace.digests import DIGEST_BYTES, Stored, check_columns, column_digest, schema_digest
 from replayer.trace.schema import META_COLUMN_DIGESTS, META_SCHEMA_DIGEST
+from tests.helpers.traces import write_current
 
-from .fixtures import write_current
+pytestmark = pytest.mark.inprocess
 
 
 def roundtrip(arr: pa.Array) -> pa.Array:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import io
 
 import orjson
+import pytest
 
 from replayer.trace import Kind, RequestRecord
 from replayer.trace.export import write as export
+from tests.helpers.traces import growing_session, write, write_current
 
-from .test_writer import growing_session, write
+pytestmark = pytest.mark.inprocess
 
 
 def test_jsonl_rows_in_trace_order(tmp_path):
@@ -148,8 +150,6 @@ def _cli(*args):
 def test_export_takes_replays_selection(tmp_path):
     from replayer.trace import Trace
 
-    from .fixtures import write_current
-
     path = write_current(tmp_path / "t.arrow")
     t = Trace.open(path)
     out = tmp_path / "one.jsonl"
@@ -176,8 +176,6 @@ def test_export_takes_replays_selection(tmp_path):
 
 
 def test_an_empty_or_bad_selection_is_one_line(tmp_path):
-    from .fixtures import write_current
-
     path = write_current(tmp_path / "t.arrow")
     out = tmp_path / "x.jsonl"
     for spec, words in (

@@ -12,8 +12,9 @@ import pytest
 from replayer.errors import TraceCorruptError, TraceError
 from replayer.trace import Trace
 from replayer.trace.framing import scan
+from tests.helpers.traces import write_current
 
-from .fixtures import write_current
+pytestmark = pytest.mark.inprocess
 
 
 def _contents(t):

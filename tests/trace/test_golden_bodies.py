@@ -15,6 +15,8 @@ from replayer.cli import build_parser
 from replayer.trace import Trace
 from replayer.trace.tokens import BlockPrompts, TokenSpace
 
+pytestmark = pytest.mark.inprocess
+
 REPO = Path(__file__).resolve().parents[2]
 
 SHAPES = [

@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from replayer.errors import SchemaVersionError, TraceError
 from replayer.trace import RequestRecord, TokenSpace, Trace, TraceMeta, TraceWriter
 from replayer.trace.schema import META_VERSION, TRACE_SCHEMA_VERSION
-
-from .test_writer import growing_session, write
+from tests.helpers.traces import growing_session, write
 
 SAMPLES = Path(__file__).resolve().parents[2] / "traces"
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("form", ["stream", "file"])
 def test_both_forms_read_back(tmp_path, form):
     recs, bodies = growing_session(5)
@@ -37,6 +37,7 @@ def test_both_forms_read_back(tmp_path, form):
     assert (magic == b"ARROW1") == (form == "file")
 
 
+@pytest.mark.inprocess
 def test_trace_order_is_start_time_then_row(tmp_path):
     recs = [
         RequestRecord.from_body({"prompt": p}, request_id=p, session_id=p, turn=0, start_us=s)
@@ -46,6 +47,7 @@ def test_trace_order_is_start_time_then_row(tmp_path):
     assert [t.column("request_id")[r] for r in t.order] == ["d", "b", "e", "a", "c"]
 
 
+@pytest.mark.inprocess
 def test_iter_json_matches_random_access_in_any_order(tmp_path):
     a, _ = growing_session(6, "a")
     b, _ = growing_session(6, "b")
@@ -57,6 +59,7 @@ def test_iter_json_matches_random_access_in_any_order(tmp_path):
         assert all(body == expected[r] for r, body in got)
 
 
+@pytest.mark.inprocess
 def test_iter_json_applies_a_patch(tmp_path):
     recs, _ = growing_session(2)
     t = write(tmp_path / "t.arrow", recs)
@@ -68,6 +71,7 @@ def test_iter_json_applies_a_patch(tmp_path):
     }
 
 
+@pytest.mark.inprocess
 def test_opening_reads_only_the_index(tmp_path):
     recs, _ = growing_session(3)
     t = write(tmp_path / "t.arrow", recs)
@@ -78,6 +82,7 @@ def test_opening_reads_only_the_index(tmp_path):
     assert list(t._batches) == [0]
 
 
+@pytest.mark.inprocess
 def test_a_configured_sibling_shares_the_file_and_keeps_its_own_settings():
     """What a replay builds through: its own token space and caches over the
     caller's data (the same objects, no copy); the caller's trace keeps its
@@ -108,6 +113,7 @@ def test_a_configured_sibling_shares_the_file_and_keeps_its_own_settings():
 # -- bad input ---------------------------------------------------------------
 
 
+@pytest.mark.inprocess
 def test_missing_empty_and_directory(tmp_path):
     with pytest.raises(TraceError, match="no such file"):
         Trace.open(tmp_path / "nope.arrow")
@@ -118,6 +124,7 @@ def test_missing_empty_and_directory(tmp_path):
         Trace.open(tmp_path)
 
 
+@pytest.mark.inprocess
 def test_not_arrow(tmp_path):
     p = tmp_path / "x.arrow"
     p.write_text('{"timestamp": 0, "hash_ids": [1]}\n')
@@ -125,6 +132,7 @@ def test_not_arrow(tmp_path):
         Trace.open(p)
 
 
+@pytest.mark.inprocess
 def test_arrow_but_not_a_trace(tmp_path):
     p = tmp_path / "x.arrow"
     table = pa.table({"a": [1, 2]})
@@ -146,6 +154,7 @@ def _rewrite_with(tmp_path, mutate_schema):
     return p
 
 
+@pytest.mark.inprocess
 def test_wrong_schema(tmp_path):
     p = _rewrite_with(tmp_path, lambda t: t.drop_columns(["turn"]))
     with pytest.raises(TraceError, match="column 'turn' is missing"):
@@ -160,6 +169,7 @@ def test_wrong_schema(tmp_path):
         Trace.open(p)
 
 
+@pytest.mark.inprocess
 def test_newer_schema_version_is_refused(tmp_path):
     def bump(t):
         meta = dict(t.schema.metadata)
@@ -174,6 +184,7 @@ def test_newer_schema_version_is_refused(tmp_path):
         Trace.open(p)
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("form", ["stream", "file"])
 def test_truncated_file_keeps_complete_batches(tmp_path, form, caplog):
     recs, bodies = growing_session(9)
@@ -269,6 +280,7 @@ _msg = st.builds(
 _edit = st.tuples(st.integers(min_value=0, max_value=30), st.lists(_msg, max_size=4))
 
 
+@pytest.mark.inprocess
 @settings(max_examples=60, deadline=None)
 @given(
     sessions=st.lists(st.lists(_edit, min_size=1, max_size=8), min_size=1, max_size=3),

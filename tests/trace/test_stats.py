@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from replayer.trace import RequestRecord, Trace
 from replayer.trace.stats import inspect_trace, percentile, render_text
+from tests.helpers.traces import write
 
-from .test_writer import write
+pytestmark = pytest.mark.inprocess
 
 
 def test_nearest_rank_percentile():

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from replayer.trace import Trace
 from replayer.trace.synth import SynthOptions, write_trace
 from replayer.trace.tokens import approx_message_tokens
+
+pytestmark = pytest.mark.inprocess
 
 
 def make(tmp_path, name="t.arrow", **kw):

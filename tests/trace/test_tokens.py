@@ -18,6 +18,8 @@ from replayer.trace.tokens import (
     approx_text_tokens,
 )
 
+pytestmark = pytest.mark.inprocess
+
 
 def documented_block(salt: str, key: str, size: int, lo: int, hi: int) -> list[int]:
     """The construction as the module docstring states it (what repro.py will do)."""

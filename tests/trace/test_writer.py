@@ -8,29 +8,9 @@ import pytest
 from replayer.errors import TraceError
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace import writer as writer_mod
+from tests.helpers.traces import chat, growing_session, write
 
-
-def chat(rid: str, sid: str, turn: int, messages: list[dict], start: int = 0, **params):
-    body = {"model": "m", "messages": messages, **params}
-    return RequestRecord.from_body(body, request_id=rid, session_id=sid, turn=turn, start_us=start)
-
-
-def write(path, records, **kw):
-    with TraceWriter(path, TraceMeta(source="test"), **kw) as w:
-        for r in records:
-            w.add(r)
-    return Trace.open(path)
-
-
-def growing_session(n: int, sid: str = "s") -> tuple[list[RequestRecord], list[dict]]:
-    msgs: list[dict] = [{"role": "system", "content": "you are an agent"}]
-    recs, bodies = [], []
-    for t in range(n):
-        msgs = msgs + [{"role": "user", "content": f"step {t} ü"}]
-        recs.append(chat(f"{sid}{t}", sid, t, msgs, start=t * 10, max_tokens=8))
-        bodies.append({"model": "m", "messages": msgs, "max_tokens": 8})
-        msgs = msgs + [{"role": "assistant", "content": f"ok {t}"}]
-    return recs, bodies
+pytestmark = pytest.mark.inprocess
 
 
 def test_session_turns_store_only_what_they_append(tmp_path):

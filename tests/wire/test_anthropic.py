@@ -9,8 +9,9 @@ import orjson
 import pytest
 
 from replayer.wire import Api, MessagesAccumulator, Reply
+from tests.helpers.wire import read
 
-from .conftest import read
+pytestmark = pytest.mark.inprocess
 
 
 def sse(*objs: dict[str, Any]) -> bytes:

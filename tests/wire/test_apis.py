@@ -21,6 +21,8 @@ from replayer.wire import (
     api_for_path,
 )
 
+pytestmark = pytest.mark.inprocess
+
 ROOT = Path(replayer.wire.__file__).parents[1]
 
 

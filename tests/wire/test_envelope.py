@@ -6,6 +6,8 @@ import pytest
 
 from replayer.wire import ErrorInfo, error_info, error_message
 
+pytestmark = pytest.mark.inprocess
+
 
 @pytest.mark.parametrize(
     ("obj", "want"),

@@ -7,10 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replayer.wire import ACCUMULATORS, Event, Reply
+
+pytestmark = pytest.mark.inprocess
 
 KEYS = [
     "choices", "index", "delta", "message", "content", "text", "reasoning", "reasoning_content",

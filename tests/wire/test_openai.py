@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from replayer.wire import Api, ChatAccumulator, CompletionsAccumulator, Event, Reply, merge_delta
+from tests.helpers.wire import CHAT, CHAT_DEAD, COMPLETIONS, COMPLETIONS_DEAD, read
 
-from .conftest import CHAT, CHAT_DEAD, COMPLETIONS, COMPLETIONS_DEAD, read
+pytestmark = pytest.mark.inprocess
 
 
 def sha16(text: str) -> str:

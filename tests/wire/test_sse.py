@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replayer.wire import Event, SSEDecoder, is_event_stream
+from tests.helpers.wire import CHAT
 
-from .conftest import CHAT
+pytestmark = pytest.mark.inprocess
 
 BOM = b"\xef\xbb\xbf"
 

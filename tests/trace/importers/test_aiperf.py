@@ -14,8 +14,7 @@ import pytest
 from replayer.cli import build_parser
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     assert_fails_cleanly_or_imports,
     assert_import_fails,
     blocks_prompt,
@@ -136,6 +135,7 @@ def blocks_recs(block_size: int, tails: bool) -> list[RequestRecord]:
     return recs
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize(
     "name,recs,options",
     [
@@ -154,6 +154,7 @@ def test_export_round_trip(name, recs, options, tmp_path):
     assert sorted(b.column("request_id")) == sorted(a.column("request_id"))
 
 
+@pytest.mark.inprocess
 def test_real_chat_round_trip(shared_data, tmp_path):
     src = shared_data / "tau2_bench" / "telecom_gpt-4o_agent_gpt-4o_user_2025-08-10.json.gz"
     a = import_trace("tau2-bench", [src], tmp_path / "a.arrow")
@@ -203,6 +204,7 @@ def test_real_mooncake_file_is_an_aiperf_input(mooncake, tmp_path):
         assert info["kinds"] == {"blocks": 12_031}
 
 
+@pytest.mark.inprocess
 def test_mooncake_import_exported_and_read_back(mooncake, tmp_path):
     """The mooncake importer's inferred sessions survive the AIPerf round trip."""
     src, _ = mooncake
@@ -216,6 +218,7 @@ def test_mooncake_import_exported_and_read_back(mooncake, tmp_path):
     assert inspect_trace(b)["sessions"] == inspect_trace(a)["sessions"] == 8_101
 
 
+@pytest.mark.inprocess
 def test_row_semantics(tmp_path):
     rows = [
         {"session_id": "s", "timestamp": 1000.5, "text_input": "hello", "output_length": 4},
@@ -274,6 +277,7 @@ def test_row_semantics(tmp_path):
     assert c("block_size")[6] == 256 and c("input_tokens")[6] == 600
 
 
+@pytest.mark.inprocess
 def test_wrong_format_and_bad_input(shared_data, mooncake, tmp_path):
     tau = shared_data / "tau_bench" / "gpt-4o-airline.json.gz"
     assert_import_fails("aiperf", tau, tmp_path, ":1:", "invalid JSON")
@@ -306,6 +310,7 @@ def test_wrong_format_and_bad_input(shared_data, mooncake, tmp_path):
         assert f"{name}:2: not an AIPerf mooncake_trace" in msg and why in msg, msg
 
 
+@pytest.mark.inprocess
 def test_malformed_rows_fail_cleanly(tmp_path):
     rows = [
         {
@@ -326,6 +331,7 @@ def test_malformed_rows_fail_cleanly(tmp_path):
     assert ok > 0 and refused > 0 and ok + refused == 40
 
 
+@pytest.mark.inprocess
 def test_several_files_are_independent_runs(tmp_path):
     rows = [
         {"session_id": "s", "timestamp": 0, "input_length": 100, "hash_ids": [1, 2]},

@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ._helpers import assert_import_fails, import_trace, run
+from tests.helpers.cli import run
+from tests.helpers.importers import assert_import_fails, import_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "aiperf-0.13"
 INPUTS = DATA / "inputs.json"
@@ -25,6 +26,7 @@ def payloads() -> list[tuple[str, list[dict]]]:
     return [(s["session_id"], s["payloads"]) for s in json.loads(INPUTS.read_text())["data"]]
 
 
+@pytest.mark.inprocess
 def test_the_inputs_json_aiperf_wrote_imports_verbatim(tmp_path):
     t = import_trace("aiperf-payloads", [INPUTS], tmp_path / "t.arrow", "--session-gap", "100")
     c = t.column
@@ -68,6 +70,7 @@ def test_export_writes_the_same_inputs_json_back(tmp_path):
     }
 
 
+@pytest.mark.inprocess
 def test_raw_payload_directories_and_files(tmp_path):
     d = tmp_path / "sessions"
     d.mkdir()
@@ -86,6 +89,7 @@ def test_raw_payload_directories_and_files(tmp_path):
     assert t.column("turn") == [0, 0, 0]
 
 
+@pytest.mark.inprocess
 def test_the_endpoint_decides_the_kind(tmp_path):
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     f = tmp_path / "claude.jsonl"
@@ -98,6 +102,7 @@ def test_the_endpoint_decides_the_kind(tmp_path):
     assert (t.column("kind"), t.column("path")) == (["responses"], ["/v1/responses"])
 
 
+@pytest.mark.inprocess
 def test_other_formats_are_refused_in_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"rows": []}')

@@ -12,8 +12,7 @@ import pytest
 
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     assert_import_fails,
     garbage_file,
     import_trace,
@@ -85,6 +84,7 @@ def check_all(
             assert (out["usage_prompt_tokens"], out["usage_completion_tokens"]) == (ctx, gen)
 
 
+@pytest.mark.inprocess
 def test_conv_every_request(conv, data):
     rows = data[CONV][1]
     assert len(conv) == len(rows) == 19_366  # README
@@ -109,6 +109,7 @@ def test_conv_inspect_matches_source_and_readme(conv, data):
         assert info["provenance"]["block_size"] == 16
 
 
+@pytest.mark.inprocess
 def test_code_every_request(data, tmp_path):
     src, rows = data[CODE]
     t = import_trace("azure", [src], tmp_path / "code.arrow", "--block-size", "32", "--model", "m")
@@ -128,6 +129,7 @@ def test_code_every_request(data, tmp_path):
         assert t.column("start_us")[r] == expected_us(ts, rows[0][0])
 
 
+@pytest.mark.inprocess
 def test_two_files_share_one_clock(data, tmp_path):
     conv_src, conv_rows = data[CONV]
     code_src, code_rows = data[CODE]
@@ -145,6 +147,7 @@ def test_two_files_share_one_clock(data, tmp_path):
     assert len({c("session_id")[r] for r in range(len(t))}) == len(t)
 
 
+@pytest.mark.inprocess
 def test_timestamps_parse_exactly(tmp_path):
     src = tmp_path / "mini.csv"
     src.write_text(
@@ -161,6 +164,7 @@ def test_timestamps_parse_exactly(tmp_path):
     assert t.column("request_id") == [f"mini-{i:06d}" for i in range(4)]
 
 
+@pytest.mark.inprocess
 def test_wrong_format_and_bad_input(shared_data, data, tmp_path):
     mooncake = shared_data / "mooncake" / "conversation_trace.jsonl.gz"
     assert_import_fails("azure", mooncake, tmp_path, "not an Azure", ":1:")

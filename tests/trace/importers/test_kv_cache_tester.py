@@ -13,9 +13,10 @@ import pytest
 from replayer.cli import build_parser
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
+from tests.helpers.importers import block
 
 # The whole 710-session corpus is imported (about 15 s): the slow tier.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.inprocess]
 
 
 def import_trace(fmt, sources, out, *options):
@@ -110,8 +111,6 @@ def test_every_request_of_the_corpus(corpus):
 
 def test_bodies_token_for_token(corpus):
     from replayer.trace.tokens import TokenSpace
-
-    from .test_mooncake import block
 
     t, exp, _ = corpus
     space = TokenSpace()

@@ -4,17 +4,17 @@ independent reading of the source files."""
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
-import struct
 from collections import Counter
-from functools import cache
 
 import pytest
 
 from replayer.cli import build_parser
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
+from tests.helpers.importers import block
+
+pytestmark = pytest.mark.inprocess
 
 
 def import_trace(fmt, sources, out, *options):
@@ -28,13 +28,6 @@ def import_trace(fmt, sources, out, *options):
 def source_rows(path):
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]
-
-
-@cache
-def block(key: int | str, size: int) -> tuple[int, ...]:
-    """The documented construction: key is the id, or "ns:id" within a namespace."""
-    raw = hashlib.shake_128(f"replayer:{key}:{size}".encode()).digest(4 * size)
-    return tuple(10_000 + v % 22_000 for v in struct.unpack(f"<{size}I", raw))
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 from replayer.cli import build_parser
 from replayer.trace import Kind, RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.cli import run
+from tests.helpers.importers import (
     approx_tokens,
     assert_fails_cleanly_or_imports,
     assert_import_fails,
@@ -24,7 +24,6 @@ from ._helpers import (
     import_trace,
     inspect_cli,
     mutants,
-    run,
     truncated_file,
 )
 
@@ -134,6 +133,7 @@ def assert_same_requests(a: Trace, b: Trace) -> None:
         assert b.body(s) == a.body(r)
 
 
+@pytest.mark.inprocess
 def test_every_kind_round_trips(tmp_path):
     a = every_kind(tmp_path / "a.arrow")
     b = import_trace("openai-jsonl", [export(a, tmp_path / "a.jsonl")], tmp_path / "b.arrow")
@@ -157,6 +157,7 @@ def test_every_kind_round_trips(tmp_path):
     assert b.column("base")[b.row_of("chat-r2")] == b.row_of("chat-r1")
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("fmt", ["tau2-bench", "swe-agent", "tau-bench"])
 def test_real_traces_round_trip(fmt, shared_data, tmp_path):
     src = {
@@ -198,6 +199,7 @@ def write_lines(path: Path, rows: list[Any]) -> Path:
     return path
 
 
+@pytest.mark.inprocess
 def test_bare_bodies_are_one_session_each(tmp_path):
     bodies = [
         {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -227,6 +229,7 @@ def test_bare_bodies_are_one_session_each(tmp_path):
     assert (info["requests"], info["sessions"]) == (3, 3)
 
 
+@pytest.mark.inprocess
 def test_wrapper_fields_timestamps_and_responses(tmp_path):
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     rows = [
@@ -332,6 +335,7 @@ def test_wrapper_fields_timestamps_and_responses(tmp_path):
     assert all(t.body(r) == chat for r in range(5))
 
 
+@pytest.mark.inprocess
 def test_wrong_format_and_bad_input(shared_data, tmp_path):
     mooncake = shared_data / "mooncake" / "conversation_trace.jsonl.gz"
     assert_import_fails("openai-jsonl", mooncake, tmp_path, ":1:", "use `import aiperf`")
@@ -355,6 +359,7 @@ def test_wrong_format_and_bad_input(shared_data, tmp_path):
     assert_import_fails("openai-jsonl", turn, tmp_path, "turn.jsonl:1:", "turn is not an integer")
 
 
+@pytest.mark.inprocess
 def test_malformed_lines_fail_cleanly(tmp_path):
     a = every_kind(tmp_path / "a.arrow")
     lines = [orjson.loads(x) for x in export(a, tmp_path / "a.jsonl").read_bytes().splitlines()]

@@ -12,8 +12,7 @@ import pytest
 
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     approx_tokens,
     assert_fails_cleanly_or_imports,
     assert_import_fails,
@@ -101,6 +100,7 @@ def trace(shared_data: Path, tmp_path_factory) -> Trace:
     )
 
 
+@pytest.mark.inprocess
 def test_every_request_reconstructs(trace, srcs):
     exp = expected(srcs)
     assert len(srcs) == 23  # README: 22 .traj files + the mini-swe-agent run
@@ -119,6 +119,7 @@ def test_every_request_reconstructs(trace, srcs):
         assert out["finish_reason"] == ("tool_calls" if e["output_tool_calls"] else "stop")
 
 
+@pytest.mark.inprocess
 def test_bodies_hold_only_openai_keys_and_answered_tool_calls(trace):
     for r in range(len(trace)):
         open_calls: set[str] = set()
@@ -130,6 +131,7 @@ def test_bodies_hold_only_openai_keys_and_answered_tool_calls(trace):
                 open_calls.remove(m["tool_call_id"])
 
 
+@pytest.mark.inprocess
 def test_function_calling_runs_and_readme_figures(trace, srcs):
     c = trace.column
     per_session: dict[str, list[int]] = {}
@@ -172,6 +174,7 @@ def test_inspect_matches_source(trace, srcs):
         assert info["duration_s"] == (max(e["end_us"] for e in exp)) / 1e6
 
 
+@pytest.mark.inprocess
 def test_single_file_and_duplicate_names(shared_data, tmp_path):
     demos = sorted((shared_data / "swe_agent" / "demonstrations").rglob("marshmallow*.traj"))
     t = import_trace("swe-agent", demos[:2], tmp_path / "two.arrow", "--model", "gpt-4")
@@ -183,6 +186,7 @@ def test_single_file_and_duplicate_names(shared_data, tmp_path):
     assert set(t.column("model")) == {"gpt-4"}
 
 
+@pytest.mark.inprocess
 def test_wrong_format_and_bad_input(shared_data, tmp_path):
     tau2 = shared_data / "tau2_bench" / "telecom_gpt-4o_agent_gpt-4o_user_2025-08-10.json.gz"
     assert_import_fails("swe-agent", tau2, tmp_path, "not a SWE-agent trajectory", "no history")
@@ -199,6 +203,7 @@ def test_wrong_format_and_bad_input(shared_data, tmp_path):
     assert_import_fails("swe-agent", empty_dir, tmp_path, "holds no .traj")
 
 
+@pytest.mark.inprocess
 def test_malformed_trajectories_fail_cleanly(shared_data, tmp_path):
     path = sorted((shared_data / "swe_agent" / "test_data").rglob("*.traj"))[0]
     ok, refused = assert_fails_cleanly_or_imports(

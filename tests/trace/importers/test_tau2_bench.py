@@ -14,8 +14,7 @@ import pytest
 
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     assert_fails_cleanly_or_imports,
     assert_import_fails,
     garbage_file,
@@ -127,6 +126,7 @@ def trace(src: Path, tmp_path_factory) -> Trace:
     return import_trace("tau2-bench", [src], tmp_path_factory.mktemp("t2") / "t2.arrow")
 
 
+@pytest.mark.inprocess
 def test_every_request_reconstructs(trace, doc):
     exp = expected(doc)
     assert len(trace) == len(exp) == 217
@@ -149,6 +149,7 @@ def test_every_request_reconstructs(trace, doc):
         assert out["finish_reason"] == e["finish_reason"]
 
 
+@pytest.mark.inprocess
 def test_bodies_are_valid_openai_conversations(trace):
     """Every tool message answers a call of an earlier assistant turn, every
     call is answered before the next assistant turn, no tau2-only keys."""
@@ -170,6 +171,7 @@ def test_bodies_are_valid_openai_conversations(trace):
         assert not open_calls
 
 
+@pytest.mark.inprocess
 def test_excluding_user_tool_traffic_matches_real_prompt_growth(doc):
     """Data evidence for the context rule: between two agent calls, the real
     prompt grows by the messages the agent sees; counting the user
@@ -235,6 +237,7 @@ def test_inspect_matches_source_and_readme(trace, doc):
         assert info["provenance"]["timing"] == "recorded"
 
 
+@pytest.mark.inprocess
 def test_meta_on_first_turn(trace, doc):
     sim = doc["simulations"][0]
     r = trace.row_of(f"{sim['id']}:0")
@@ -247,6 +250,7 @@ def test_meta_on_first_turn(trace, doc):
     assert trace.meta(r + 1) is None
 
 
+@pytest.mark.inprocess
 def test_bare_policy_system_and_model_override(src, doc, tmp_path):
     t = import_trace(
         "tau2-bench", [src], tmp_path / "p.arrow", "--system", "policy", "--model", "my-model"
@@ -259,6 +263,7 @@ def test_bare_policy_system_and_model_override(src, doc, tmp_path):
     assert t.body(0)["messages"][0] == {"role": "system", "content": policy}
 
 
+@pytest.mark.inprocess
 def test_wrong_format_and_bad_input(shared_data, src, tmp_path):
     tau = shared_data / "tau_bench" / "gpt-4o-airline.json.gz"
     assert_import_fails("tau2-bench", tau, tmp_path, "not τ²-bench", "not an object")
@@ -279,6 +284,7 @@ def test_wrong_format_and_bad_input(shared_data, src, tmp_path):
     assert_import_fails("tau2-bench", bad, tmp_path, "simulation 3: message 5 has no timestamp")
 
 
+@pytest.mark.inprocess
 def test_malformed_simulations_fail_cleanly(doc, tmp_path):
     small = {**doc, "tasks": [], "simulations": doc["simulations"][:2]}
     ok, refused = assert_fails_cleanly_or_imports(

@@ -13,8 +13,7 @@ import pytest
 
 from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
-
-from ._helpers import (
+from tests.helpers.importers import (
     approx_tokens,
     assert_fails_cleanly_or_imports,
     assert_import_fails,
@@ -85,6 +84,7 @@ def trace(src: Path, tmp_path_factory) -> Trace:
     return import_trace("tau-bench", [src], tmp_path_factory.mktemp("tb") / "tb.arrow")
 
 
+@pytest.mark.inprocess
 def test_every_request_reconstructs(trace, runs):
     exp = expected(runs)
     assert len(trace) == len(exp) == 2_454
@@ -110,6 +110,7 @@ def test_every_request_reconstructs(trace, runs):
     assert [list(m) for m in last] == [list(m) for m in runs[-1]["traj"][: len(last)]]
 
 
+@pytest.mark.inprocess
 def test_sessions_turns_and_meta(trace, runs):
     c = trace.column
     first = trace.row_of(f"{STEM}/task0-trial0:0")
@@ -158,6 +159,7 @@ def test_inspect_matches_source_and_readme(trace, runs):
         assert info["provenance"]["timing"] == "synthetic"
 
 
+@pytest.mark.inprocess
 def test_timing_and_model_options(runs, tmp_path):
     small = tmp_path / "three.json"
     small.write_text(json.dumps(runs[:3]))
@@ -185,6 +187,7 @@ def test_timing_and_model_options(runs, tmp_path):
     assert t.column("start_us")[t.row_of("three/task1-trial0:0")] == 30_000_000
 
 
+@pytest.mark.inprocess
 def test_repeated_task_and_trial_stay_apart(runs, tmp_path):
     twice = tmp_path / "twice.json"
     twice.write_text(json.dumps([runs[0], runs[0]]))
@@ -193,6 +196,7 @@ def test_repeated_task_and_trial_stay_apart(runs, tmp_path):
     assert sessions == ["twice/task0-trial0", "twice/task0-trial0~2"]
 
 
+@pytest.mark.inprocess
 def test_wrong_format_and_bad_input(shared_data, src, tmp_path):
     tau2 = shared_data / "tau2_bench" / "telecom_gpt-4o_agent_gpt-4o_user_2025-08-10.json.gz"
     assert_import_fails("tau-bench", tau2, tmp_path, "not τ-bench", "not a list")
@@ -207,6 +211,7 @@ def test_wrong_format_and_bad_input(shared_data, src, tmp_path):
     assert_import_fails("tau-bench", truncated_gzip(src, tmp_path), tmp_path, "not readable")
 
 
+@pytest.mark.inprocess
 def test_malformed_runs_fail_cleanly(runs, tmp_path):
     ok, refused = assert_fails_cleanly_or_imports(
         "tau-bench", mutants(runs[:2], seed=1, n=40), tmp_path, ".json"

@@ -1,6 +1,8 @@
 """Requests and a stream reader shared by the Anthropic Messages and OpenAI
 Responses tests: tests/emulator/test_agent_apis.py (through the SDKs) and
-tests/conformance/test_agent_apis.py (the wire, emulator and real vLLM).
+tests/conformance/test_agent_apis.py (the wire, emulator and real vLLM); and
+a trace of several API's traces (:func:`mixed_trace`). The agents the SDKs
+drive are in :mod:`tests.helpers.agent_sessions`.
 
 One agent turn in both APIs' terms - a question, a thought, a tool call and
 its result, thanks - so that both suites send the same kind of history with

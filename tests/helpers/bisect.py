@@ -1,0 +1,120 @@
+"""What the bisect tests share (and ``python -m bench bisect_fake``): a small
+trace of sessions arriving in rounds, a fake runner that crashes iff a
+planted pair of its requests is replayed no faster than 4x, a bisect over
+it, the probes a binary search spends, and an emulator launch command on a
+free port."""
+
+from __future__ import annotations
+
+import random
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+from replayer.bisect.oracle import Outcome
+from replayer.bisect.pipeline import Bisect, BisectOptions
+from replayer.bisect.runner import Observation, Trial
+from replayer.replay.plan import select
+from replayer.replay.policy import Timing
+from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+from tests.helpers.net import free_port
+
+SESSIONS, TURNS = 6, 5
+PAIR = ("s1-1", "s3-2")
+"""Positions 7 and 15 of 30: sessions arrive in order, turns in rounds."""
+LATE = 2
+"""The fake notices its crash this many requests after the trigger."""
+OPTS = BisectOptions(calibrate_matches=3, calibrate_runs=6, confirm=4)
+
+
+class Killed(Exception):
+    """The bisect's process dying mid-trial."""
+
+
+@dataclass
+class PlantedPair:
+    """Crashes iff both ``pair`` requests are replayed, at 4x or slower (never
+    asap), with probability ``p``; reports what was sent by the crash, as
+    the real runner does. ``kill_at`` raises on that call, as a killed bisect."""
+
+    pair: tuple[str, ...] = PAIR
+    p: float = 1.0
+    seed: int = 0
+    kill_at: int | None = None
+    calls: list[Trial] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    async def run(self, trial: Trial) -> Observation:
+        if self.kill_at is not None and len(self.calls) + 1 == self.kill_at:
+            raise Killed(f"killed at call {self.kill_at}")
+        self.calls.append(trial)
+        assert trial.out.is_dir()
+        ids = trial.request_ids()
+        slow = trial.timing is not Timing.ASAP and trial.speed <= 4.0
+        if set(self.pair) <= set(ids) and slow and self.rng.random() < self.p:
+            i = max(ids.index(x) for x in self.pair)
+            return Observation(
+                Outcome.MATCH,
+                failure_class="process_exit",
+                signature="planted",
+                failed_request=ids[i],
+                suspects=self.pair,  # the crashing batch, as vLLM's scheduler dump names it
+                sent=trial.rows[: i + 1 + LATE],
+            )
+        return Observation(Outcome.PASS)
+
+
+def bisect(trace, out, runner, opts=OPTS, **kw) -> Bisect:
+    return Bisect(trace, select(trace), runner, out, opts, say=lambda m: None, **kw)
+
+
+def write_trace(tmp_path) -> Trace:
+    p = tmp_path / "t.arrow"
+    with TraceWriter(p, TraceMeta(source="test")) as w:
+        for t in range(TURNS):
+            for s in range(SESSIONS):
+                i = t * SESSIONS + s
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": f"s{s} turn {t}"}],
+                    "max_tokens": 2,
+                }
+                w.add(
+                    RequestRecord.from_body(
+                        body,
+                        request_id=f"s{s}-{t}",
+                        session_id=f"s{s}",
+                        turn=t,
+                        start_us=i * 10_000,
+                        end_us=i * 10_000 + 5_000,
+                    )
+                )
+    return Trace.open(p)
+
+
+def probes_of_binary_search(n: int, h_star: int) -> int:
+    """The probes :func:`shortest_prefix` spends on n items when h* is the answer."""
+    lo, hi, probes = 0, n, 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        probes += 1
+        lo, hi = (lo, mid) if mid >= h_star else (mid, hi)
+    return probes
+
+
+def emulator_cmd(*faults, extra=()):
+    args = [
+        sys.executable,
+        "-m",
+        "replayer.emulator",
+        "--port",
+        str(free_port()),
+        "--speed",
+        "instant",
+        *extra,
+    ]
+    for f in faults:
+        args += ["--fault", f]
+    return shlex.join(args)
