@@ -104,3 +104,17 @@ def test_help_loads_no_heavy_module(verb):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]", (verb, res.stdout[-300:])
+
+
+def test_every_public_name_resolves_and_import_stays_cheap():
+    import replayer
+
+    assert set(replayer.__all__) == {"__version__", *replayer._EXPORTS}
+    for name in replayer.__all__:
+        assert getattr(replayer, name) is not None, name
+    heavy = subprocess.run(
+        [sys.executable, "-c", "import replayer, sys; print(sorted(m for m in "
+         "('pyarrow', 'aiohttp', 'httpx') if m in sys.modules))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert heavy.stdout.strip() == "[]"
