@@ -80,7 +80,7 @@ def test_a_test_file_that_names_no_module(tree):
          "a test file"),
         ("emulator/test_app.py", "from .conftest import shared_emulator",
          "tests.emulator.conftest", "a conftest"),
-        ("test_api.py", "def f():\n    from .trace import test_writer", "tests.trace.test_writer",
+        ("test_telemetry.py", "def f():\n    from .trace import test_writer", "tests.trace.test_writer",
          "a test file"),
         ("helpers/cli.py", "import tests.conftest", "tests.conftest", "a conftest"),
         ("../bench/x.py", "from tests.bisect.test_runner import bisect",
