@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # so the servers it starts never share the cores with other tests.
 TEST_WORKERS ?= 2
 
-.PHONY: demo demo-vllm test test-fast lint docs bench install clean browser vllm-env
+.PHONY: demo demo-vllm test test-fast lint docs bench install clean browser vllm-env slurm-env
 
 $(BIN)/python:
 	@if [ -z "$(PYTHON)" ]; then echo "make: Python 3.11+ not found (set PYTHON=...)" >&2; exit 2; fi
@@ -62,9 +62,18 @@ browser:
 vllm-env: | $(BIN)/python
 	@PYTHONPATH=. $(BIN)/python -m replayer.testing.vllm provision >/dev/null
 
-test: lint browser vllm-env
+# The Slurm tier's programs: Debian's slurm-wlm and munge, installed when
+# missing and the machine allows it (root with apt-get; ~30 s, once); where
+# they cannot be this prints why and the tier is skipped with that line. Each
+# test session runs its own one-node cluster (replayer/testing/slurm.py).
+slurm-env: | $(BIN)/python
+	@PYTHONPATH=. $(BIN)/python -m replayer.testing.slurm provision >/dev/null
+
+# --dist loadgroup: the Slurm tier (one xdist group) runs on one worker, on
+# one cluster; every other test is spread as with the default --dist load.
+test: lint browser vllm-env slurm-env
 	@set +e; \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not realvllm" $(PYTEST_ARGS); a=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not realvllm" $(PYTEST_ARGS); a=$$?; \
 	$(BIN)/python -m pytest -m realvllm $(PYTEST_ARGS); b=$$?; \
 	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done

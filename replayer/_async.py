@@ -51,3 +51,30 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
     return event.is_set()
+
+
+class Signal:
+    """Wakes every waiter on :meth:`fire`, from sync code and without a lock.
+
+    A pool gives a server back in ``finally`` blocks that may run while the
+    task is being cancelled; a :class:`asyncio.Condition` needs its lock there
+    (an await that the cancellation can interrupt, leaving waiters asleep
+    with a server free). Waiters re-check their own condition after waking."""
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def fire(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    async def wait(self) -> None:
+        f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(f)
+        try:
+            await f
+        finally:
+            if f in self._waiters:
+                self._waiters.remove(f)

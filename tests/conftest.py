@@ -91,13 +91,16 @@ def vllm_shared(
         srv.stop()
 
 
-TIERS = ("inprocess", "emulator", "slow", "realvllm")
+TIERS = ("inprocess", "emulator", "slow", "slurm", "realvllm")
 TIER_NAMES = {
     "inprocess": "in-process tier",
     "emulator": "emulator tier",
     "slow": "slow tier",
+    "slurm": "Slurm tier",
     "realvllm": "real vLLM tier",
 }
+UNAVAILABLE = {"realvllm": "real vLLM unavailable", "slurm": "Slurm unavailable"}
+"""How a skipped tier's reason begins (the fixture that could not provide it says so)."""
 TIER_BUDGET_S = {"inprocess": 60.0, "emulator": 600.0}
 """The budgets on an idle 2-core machine (figures to read in the summary,
 never assertions: a loaded machine takes longer)."""
@@ -105,7 +108,7 @@ never assertions: a loaded machine takes longer)."""
 
 def _tier(item: pytest.Item | pytest.TestReport) -> str:
     keys = item.keywords
-    for t in ("realvllm", "slow", "inprocess"):
+    for t in ("realvllm", "slurm", "slow", "inprocess"):
         if t in keys:
             return t
     return "emulator"
@@ -120,19 +123,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Every real-vLLM test skipped for the same reason folds into one
-    summary line (pytest would print one per test location)."""
+    """Every real-vLLM (or Slurm) test skipped for the same reason folds into
+    one summary line (pytest would print one per test location)."""
     report = yield
-    if report.skipped and "realvllm" in item.keywords and isinstance(report.longrepr, tuple):
+    tier = _tier(item)
+    if report.skipped and tier in UNAVAILABLE and isinstance(report.longrepr, tuple):
         reason = str(report.longrepr[2])
-        if "real vLLM unavailable" in reason:
+        if UNAVAILABLE[tier] in reason:
             report.longrepr = (__file__, sys._getframe().f_lineno, reason)
     return report
 
 
 _TIER: dict[str, Counter[str]] = defaultdict(Counter)
 _SECONDS: Counter[str] = Counter()
-_SKIPS: list[str] = []
+_SKIPS: dict[str, list[str]] = defaultdict(list)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -141,8 +145,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = "failed" if report.failed else report.outcome
         _TIER[t][outcome] += 1
-        if t == "realvllm" and report.skipped and isinstance(report.longrepr, tuple):
-            _SKIPS.append(str(report.longrepr[2]))
+        if t in UNAVAILABLE and report.skipped and isinstance(report.longrepr, tuple):
+            _SKIPS[t].append(str(report.longrepr[2]))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -156,6 +160,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             line += f" of test time over {workers} workers"
         elif t in TIER_BUDGET_S:
             line += f" (budget {TIER_BUDGET_S[t]:.0f} s on an idle 2-core machine)"
-        if t == "realvllm" and _SKIPS:
-            line += f" ({Counter(_SKIPS).most_common(1)[0][0].removeprefix('Skipped: ')})"
+        if _SKIPS[t]:
+            line += f" ({Counter(_SKIPS[t]).most_common(1)[0][0].removeprefix('Skipped: ')})"
         terminalreporter.write_line(line, bold=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from replayer.errors import OptionError, UsageError
 from replayer.options import (
     BisectOptions,
     MetricsOptions,
+    PoolSpec,
     ReplayPolicy,
     Selection,
     Server,
@@ -89,6 +91,10 @@ async def bisect(
     vary: Sequence[str] = (),
     vary_runs: int | None = None,
     from_run: str | os.PathLike[str] | None = None,
+    servers: int = 1,
+    gpus: int = 0,
+    pool: PoolSpec | str | os.PathLike[str] | None = None,
+    control_pool: PoolSpec | str | os.PathLike[str] | None = None,
 ) -> BisectResult:
     """Minimize ``trace`` to the smallest set of requests that still crashes.
 
@@ -103,7 +109,14 @@ async def bisect(
     server with each variant once the repro is confirmed. ``from_run`` starts
     from a failed run directory: its launch command (when ``server`` is None)
     and its crash signature. The bundle goes to ``out/bundle``; ``resume``
-    continues a stopped bisect in ``out`` without repeating a journaled trial."""
+    continues a stopped bisect in ``out`` without repeating a journaled trial
+    (with any number of servers).
+
+    Several servers run trials at once: ``servers`` copies of ``server``
+    (its launch a template: ``{port}``, ``{slot}``, ``{gpus}`` filled in per
+    server, ``gpus`` each), or a ``pool`` (a :class:`PoolSpec` or a pool
+    file: Slurm jobs, servers one by one); ``control_pool`` likewise for the
+    control."""
     from replayer.bisect.pipeline import Bisect, Control, run_bisect
     from replayer.bisect.runner import FunctionRunner, SessionRunner
     from replayer.bisect.vary import bisect_hook
@@ -116,6 +129,9 @@ async def bisect(
             server = Server(launch=seed.launch)
         if chase.regex is None:
             chase = seed.chase
+    spec = _pool(pool, servers, gpus, server)
+    if spec is not None and server is None:
+        server = spec.members[0].server
     if server is None or (isinstance(server, Server) and not server.restartable):
         raise OptionError(
             "launch",
@@ -128,28 +144,33 @@ async def bisect(
     d = _bisect_dir(Path(out), resume)
     say = say or _stderr
     is_server = isinstance(server, Server)
+    ctl_spec = _pool(control_pool, 1, 0, control if isinstance(control, Server) else None)
     session = Session.open(
         trace,
         selection=selection,
         policy=policy,
         watch=w,
-        server=server if isinstance(server, Server) else None,
-        control=control if isinstance(control, Server) else None,
+        server=server if isinstance(server, Server) and spec is None else None,
+        control=control if isinstance(control, Server) and ctl_spec is None else None,
         control_name=control_name,
         logs=d,
         chase=chase,
         say=say,
         owner=d if is_server else None,
+        pool=spec,
+        control_pool=ctl_spec,
     )
     runner: Runner
     if isinstance(server, Server):
         runner = SessionRunner(session)
-        if resume and reap_orphan(d / "server.pid"):
-            say("bisect: stopped the server a killed bisect left running")
+        if resume:
+            await _reap(d, spec, say)
     else:
         runner = server if hasattr(server, "run") else FunctionRunner(server)
     ctl = None
-    if session.control is not None:
+    if session.control_pool is not None:
+        ctl = Control(control_name, SessionRunner(session, pool=session.control_pool))
+    elif session.control is not None:
         ctl = Control(control_name, SessionRunner(session, session.control))
     elif control is not None and not isinstance(control, Server):
         ctl = Control(control_name, control)
@@ -171,8 +192,54 @@ async def bisect(
         if lm is not None:
             lm.attach_bisect(b)
         if is_server:
-            await session.gather_facts()
+            try:
+                await session.gather_facts()
+            except BaseException:  # interrupted before run_bisect, which stops them
+                await session.aclose()
+                raise
         return await run_bisect(b)
+
+
+async def _reap(d: Path, spec: PoolSpec | None, say: Say) -> None:
+    """What a killed bisect in ``d`` left running: its launched servers (by
+    their pid files) and, for a Slurm pool, its jobs (by their names)."""
+    # each pid file, then every process marked as this bisect's (a kill
+    # between a launch and its note): a pool's servers are found either way
+    if [p for p in _pidfiles(d) if reap_orphan(p)]:
+        say("bisect: stopped the server(s) a killed bisect left running")
+    if spec is not None and spec.slurm is not None:
+        from replayer.session.slot import owner_token
+        from replayer.target.slurm import cancel_owned, owner_hash
+
+        with contextlib.suppress(Exception):  # no squeue here: nothing of ours queued either
+            ids = await cancel_owned(owner_hash(owner_token(d)))
+            if ids:
+                say(f"bisect: cancelled {len(ids)} Slurm job(s) a killed bisect left")
+
+
+def _pidfiles(d: Path) -> list[Path]:
+    """The one server's, and a pool's (``target-server-I.pid``)."""
+    return [d / "server.pid", *sorted(d.glob("*-server-*.pid"))]
+
+
+def _pool(
+    given: PoolSpec | str | os.PathLike[str] | None,
+    servers: int,
+    gpus: int,
+    server: Server | Runner | OracleFunction | None,
+) -> PoolSpec | None:
+    """The pool a bisect runs on: a pool file, or ``servers`` copies of
+    ``server`` (None: one server, no pool)."""
+    base = server if isinstance(server, Server) else None
+    if isinstance(given, PoolSpec):
+        return given
+    if given is not None:
+        return PoolSpec.load(Path(given), base)
+    if servers <= 1:
+        return None
+    if base is None:
+        raise OptionError("servers", "need a Server with launch (a template with {port})")
+    return PoolSpec.like(base, servers, gpus=gpus)
 
 
 def bisect_sync(*args: Any, **kwargs: Any) -> BisectResult:

@@ -4,6 +4,7 @@ tell "this crashes here" from "this crashes everywhere"."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ import orjson
 from replayer._files import read_jsonl
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.runner import observed
+from replayer.bisect.search import race
 from replayer.bisect.stats import repeats_for
 
 if TYPE_CHECKING:
@@ -19,12 +21,21 @@ if TYPE_CHECKING:
 
 
 async def confirm(b: Search) -> None:
-    """``opts.confirm`` runs of the best (journaled ones count), then the control's."""
+    """``opts.confirm`` runs of the best (journaled ones count) on the
+    target's servers, beside as many on the control's."""
     n = b.opts.confirm
-    for _ in range(max(0, n - confirm_counts(b)[1])):
-        await b.oracle.run_once(b.best, "confirm")
-    if b.control is not None:
-        await control_runs(b, n)
+
+    async def target() -> None:
+        for _ in range(n + b.oracle.infra_retries + 1):  # bounded: INFRA runs do not count
+            left = n - confirm_counts(b)[1]
+            if left <= 0:
+                return
+            await b.oracle.run_many(b.best, min(left, b.oracle.width), "confirm")
+
+    if b.control is None:
+        await target()
+        return
+    await asyncio.gather(target(), control_runs(b, n))
 
 
 REVISIT_MAX = 64
@@ -48,9 +59,14 @@ async def revisit(b: Search) -> bool:
     changed = False
     for p in list(reversed(kept[:-1]))[:REVISIT_MAX]:
         without = b.candidate([q for q in kept if q != p])
-        for _ in range(runs):
-            rec = await b.oracle.run_once(without, "revisit")
-            if rec.outcome is Outcome.MATCH:
+        done = 0
+        while done < runs:
+            batch = min(runs - done, b.oracle.width)
+            recs = await b.oracle.run_many(
+                without, batch, "revisit", until=lambda r: r.outcome is Outcome.MATCH
+            )
+            done += batch
+            if any(r.outcome is Outcome.MATCH for r in recs):
                 kept = list(without.positions)
                 b.improve(without, "revisit")
                 changed = True
@@ -66,19 +82,24 @@ def confirm_counts(b: Search) -> tuple[int, int]:
 
 
 async def control_runs(b: Search, n: int) -> None:
-    """Runs on the control until it has ``n`` (``control.jsonl``, resumable).
-    They are outside the oracle: the control's crashes must not steer the search."""
+    """Runs on the control until it has ``n`` (``control.jsonl``, resumable),
+    as many at once as the control has servers. They are outside the oracle:
+    the control's crashes must not steer the search."""
     assert b.control is not None and b.control_runner is not None
+    runner, control = b.control_runner, b.control
     done_path = b.out / "control.jsonl"
     done = read_jsonl(done_path)
-    for i in range(len(done), n):
+
+    async def one(i: int) -> None:
         trial = b.trial(b.best, i + 1, "control", b.out / f"control/{i + 1:03d}", replace(b.chase))
-        obs = observed(await b.control_runner.run(trial))
+        obs = observed(await runner.run(trial))
         entry = {"run": i + 1, "outcome": obs.outcome.value, "failure_class": obs.failure_class}
         with done_path.open("ab") as f:
             f.write(orjson.dumps(entry) + b"\n")
-        done.append(entry)
-        b.say(f"control {b.control.name} {i + 1}/{n}: {obs.outcome.value}")
+        b.say(f"control {control.name} {i + 1}/{n}: {obs.outcome.value}")
+
+    width = max(1, int(getattr(runner, "width", 1)))
+    await race(list(range(len(done), n)), one, limit=width)
 
 
 def control_counts(b: Search) -> tuple[int, int] | None:

@@ -15,14 +15,19 @@ every candidate that contains a candidate that matched (by monotonicity,
 those hold the culprits); while every such run has crashed (and at least
 ``deterministic_after`` have), the crash is taken as deterministic and one
 quiet run dismisses a candidate.
+
+Trials may run several at once (a pool of servers: :attr:`Oracle.width`):
+each gets its number when it starts, is journaled when it ends (so the
+journal is in the order trials finished), and one cancelled because another
+made it moot is journaled as ``cancelled``, never as evidence.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -31,8 +36,9 @@ from typing import Any, Protocol
 
 import orjson
 
+from replayer._clock import REAL, Clock
 from replayer.bisect.files import journal_events, journal_header
-from replayer.bisect.search import bayes_prefix, binary_prefix
+from replayer.bisect.search import bayes_prefix, binary_prefix, race
 from replayer.bisect.stats import repeats_for, wilson
 from replayer.session.verdict import Outcome as Outcome
 
@@ -81,6 +87,8 @@ class TrialRecord:
     message: str | None = None
     duration_s: float = 0.0
     started_at: float = 0.0
+    server: int | None = None
+    """Which server of the pool ran it (None: one server, or your own runner)."""
     run: str | None = None
     """The trial's run directory, relative to the bisect directory."""
     failed_request: str | None = None
@@ -98,7 +106,8 @@ class TrialRecord:
 
 class CandidateRunner(Protocol):
     """Runs one trial of a candidate: the bisect's adapter over a
-    :class:`~replayer.bisect.runner.Runner`, or a test's fake."""
+    :class:`~replayer.bisect.runner.Runner`, or a test's fake. It may have a
+    ``width``: how many trials it runs at once (default 1)."""
 
     async def run(self, candidate: Candidate, trial: int, stage: str) -> TrialRecord: ...
 
@@ -140,8 +149,10 @@ class Oracle:
         infra_retries: int = 2,
         p_floor: float = 0.05,
         budget: Budget | None = None,
+        clock: Clock = REAL,
     ) -> None:
         self.runner = runner
+        self.clock = clock
         self.journal = journal
         self.alpha = alpha
         self.deterministic_after = deterministic_after
@@ -158,10 +169,14 @@ class Oracle:
         self.marks: dict[str, int] = {}
         """Trial counts at named points of the search (journaled, for resume)."""
         self.stage = ""
+        self._issued = 0
+        """The last trial number handed out (cancelled ones included)."""
         self._runs = 0
         self._rate_memo: dict[tuple[int | None, int, str | None], tuple[int, int]] = {}
         self.on_trial: list[Any] = []
         self._load()
+        self._spent_before = self.budget.spent_s
+        self._t0 = clock.now()
 
     # -- journal ---------------------------------------------------------------
 
@@ -184,6 +199,8 @@ class Oracle:
                 self.budget.spent_s = float(e["spent_s"])
             elif e.get("event") == "mark":
                 self.marks[e["name"]] = int(e["trials"])
+            elif e.get("event") == "cancelled":
+                self._issued = max(self._issued, int(e["trial"]))
         if at < self.journal.stat().st_size:
             # a torn last line of a killed run: everything before it stands,
             # and it goes, or the next entry appended would be torn with it
@@ -207,6 +224,7 @@ class Oracle:
         self.records.setdefault(key, []).append(rec)
         self._runs += 1
         self.trials = max(self.trials, rec.trial)
+        self._issued = max(self._issued, rec.trial)
         if rec.outcome is Outcome.MATCH and not any(m == cand for m in self.matched):
             self.matched.append(cand)
         if rec.outcome is Outcome.OTHER_FAILURE and rec.signature:
@@ -274,12 +292,30 @@ class Oracle:
 
     # -- verdicts --------------------------------------------------------------
 
+    @property
+    def width(self) -> int:
+        """Trials the runner runs at once (its free servers)."""
+        return max(1, int(getattr(self.runner, "width", 1)))
+
+    def _spent(self) -> float:
+        return self._spent_before + (self.clock.now() - self._t0)
+
     async def run_once(self, cand: Candidate, stage: str) -> TrialRecord:
         """One more trial of ``cand`` (journaled before it is used)."""
-        self.budget.check(self.trials)
-        t = time.monotonic()
-        rec = await self.runner.run(cand, self.trials + 1, stage)
-        self.budget.spent_s += time.monotonic() - t
+        self.budget.spent_s = self._spent()
+        self.budget.check(self._issued)
+        self._issued += 1
+        number = self._issued
+        try:
+            rec = await self.runner.run(cand, number, stage)
+        except asyncio.CancelledError:
+            # made moot by another trial's answer: evidence of nothing
+            self._append(
+                {"event": "cancelled", "trial": number, "stage": stage, "key": cand.key()},
+                sync=False,
+            )
+            raise
+        self.budget.spent_s = self._spent()
         self._account(cand, rec)
         self._append(
             {
@@ -295,6 +331,26 @@ class Oracle:
         for cb in self.on_trial:
             cb(rec, cand)
         return rec
+
+    async def run_many(
+        self,
+        cand: Candidate,
+        n: int,
+        stage: str,
+        *,
+        until: Callable[[TrialRecord], bool] | None = None,
+    ) -> list[TrialRecord]:
+        """``n`` trials of ``cand``, as many at once as the runner runs; when
+        one ends with ``until(record)`` true, the others are cancelled. The
+        finished records, in the order they finished."""
+        if n <= 0:
+            return []
+        got = await race(
+            list(range(n)),
+            lambda _: self.run_once(cand, stage),
+            (lambda _i, rec, _j: until(rec)) if until is not None else None,
+        )
+        return [rec for _, rec in got]
 
     async def test(
         self,
@@ -315,12 +371,17 @@ class Oracle:
             if c[Outcome.MATCH]:
                 return self._decide(key, True)
             quiet = c[Outcome.PASS] + c[Outcome.OTHER_FAILURE] + c[Outcome.INVALID]
-            if quiet >= self.repeats(alpha, within=within):
+            need = self.repeats(alpha, within=within) - quiet
+            if need <= 0:
                 return self._decide(key, False)
             if infra_row > self.infra_retries:
                 return self._decide(key, False)  # unresolved counts as not interesting
-            rec = await self.run_once(cand, stage)
-            infra_row = infra_row + 1 if rec.outcome is Outcome.INFRA else 0
+            # the quiet runs still needed, at once on free servers; a crash ends them
+            recs = await self.run_many(
+                cand, min(need, self.width), stage, until=lambda r: r.outcome is Outcome.MATCH
+            )
+            for rec in recs:
+                infra_row = infra_row + 1 if rec.outcome is Outcome.INFRA else 0
         return self._decide(key, False)
 
     def mark(self, name: str) -> int:
@@ -370,8 +431,8 @@ class Oracle:
             )
             for _ in range(self.infra_retries + 1):
                 i = used.get(key, 0)
+                used[key] = i + 1  # taken before the await: runs of one j may overlap
                 rec = known[i] if i < len(known) else await self.run_once(cand, stage)
-                used[key] = i + 1
                 if rec.outcome is Outcome.INFRA:
                     continue
                 if rec.outcome is not Outcome.MATCH:
@@ -392,18 +453,30 @@ class Oracle:
         ]
         costs = self.trial_costs()
         crash_cost = costs[0] / costs[1] if costs and costs[1] > 0 else 1.0
+        width = self.width
         if binary_first:
-            lo, hi = await binary_prefix(n, run)
+            lo, hi = await binary_prefix(n, run, width=width)
             # Re-run the longest prefix found quiet, once dismissed on one run:
             # it holds the trigger whenever the search overshot (every later
             # probe was longer), so a crash flaky at that length shows there,
-            # and a deterministic one pays only these runs.
-            for _ in range(recheck if lo else 0):
-                if await run(lo) is not None:
-                    break
-            else:
+            # and a deterministic one pays only these runs (at once, on free
+            # servers; the first crash ends the others).
+            checks = await race(
+                [lo] * (recheck if lo else 0),
+                run,
+                lambda _j, at, _k: at is not None,
+                limit=width,
+            )
+            if not any(at is not None for _, at in checks):
                 return hi
-        return await bayes_prefix(n, run, [*before, *seen], crash_cost=max(1.0, crash_cost))
+        return await bayes_prefix(
+            n, run, [*before, *seen], crash_cost=max(1.0, crash_cost), width=width
+        )
+
+    @property
+    def issued(self) -> int:
+        """The highest trial number handed out (journaled ones included)."""
+        return self._issued
 
     def trial_costs(self) -> tuple[float, float] | None:
         """Mean seconds of a trial that follows a failure (it restarts the
@@ -423,6 +496,32 @@ class Oracle:
             return sum(xs or every) / len(xs or every)
 
         return mean(after_fail), mean(after_pass)
+
+    def pool_costs(self) -> tuple[float, float] | None:
+        """:meth:`trial_costs` on a pool, where a crashed server restarts in
+        the background: per server, from the end of a failed trial to the end
+        of its next one (the restart, any wait, the trial), and a trial
+        after a pass. None until some server has been seen after a failure."""
+        by_server: dict[int, list[TrialRecord]] = {}
+        for r in self.history():
+            if r.server is not None and r.duration_s > 0:
+                by_server.setdefault(r.server, []).append(r)
+        failed = (Outcome.MATCH, Outcome.OTHER_FAILURE)
+        after_fail: list[float] = []
+        after_pass: list[float] = []
+        for recs in by_server.values():
+            recs.sort(key=lambda r: r.started_at)
+            for a, b in itertools.pairwise(recs):
+                if a.outcome in failed:
+                    after_fail.append(b.started_at + b.duration_s - a.started_at - a.duration_s)
+                else:
+                    after_pass.append(b.duration_s)
+        if not after_fail:
+            return None
+        every = after_fail + after_pass
+        return sum(after_fail) / len(after_fail), sum(after_pass or every) / len(
+            after_pass or every
+        )
 
     def _decide(self, key: str, value: bool) -> bool:
         self.verdicts[key] = value

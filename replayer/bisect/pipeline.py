@@ -40,12 +40,12 @@ the main target and the control alike. The passes are in
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replayer._clock import Clock
 from replayer.bisect import confirm as _confirm
 from replayer.bisect import manifest as _manifest
 from replayer.bisect import shrink as _shrink
@@ -129,10 +129,11 @@ class Bisect(Search):
         facts: dict[str, Any] | None = None,
         say: Callable[[str], None] | None = None,
         vary: Callable[[Search], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(
             trace, rows, runner, out, opts, control=control, policy=policy, chase=chase,
-            facts=facts, say=say,
+            facts=facts, say=say, clock=clock,
         )  # fmt: skip
         self.vary = vary
         self.bundle_writer = _manifest.write
@@ -143,60 +144,99 @@ class Bisect(Search):
         what = f"{rec.outcome.value}"
         if rec.failure_class:
             what += f" ({rec.failure_class}" + (f" {rec.signature}" if rec.signature else "") + ")"
-        elapsed = time.monotonic() - self.started
-        left = self._projection()
+        elapsed = self.clock.now() - self.started
+        left, rounds = self._projection(self.oracle.width)
+        on = f" on server {rec.server}" if rec.server is not None and self.oracle.width > 1 else ""
         self.say(
-            f"trial {rec.trial:>3} [{rec.stage}] {rec.size:,} requests -> {what} in "
+            f"trial {rec.trial:>3} [{rec.stage}]{on} {rec.size:,} requests -> {what} in "
             f"{rec.duration_s:.1f}s | best {len(self.best.positions):,} requests | crash rate "
             f"{k}/{n}, dismiss after {self.oracle.repeats()} quiet | "
-            f"~{left} trials left{self._eta(left)} | {elapsed:,.0f}s"
+            f"~{left} trials left{self._eta(rounds)} | {elapsed:,.0f}s"
         )
 
     def plan(self) -> str:
         """What is left to run and what it should cost: said once calibration
-        has timed the first trials (a crash, then the restart after it)."""
+        has timed the first trials (a crash, then the restart after it). On
+        a pool, the wall time is for the servers in hand, and what one more
+        would save (a lab's question: is another node worth asking for?)."""
         left = [s for s in STAGES if s in self.opts.stages and s not in self.stages_done]
         if self.opts.confirm:
             left.append(f"confirm ({self.opts.confirm} runs)")
             if self.control is not None:
                 left.append(f"control ({self.opts.confirm} runs)")
-        n = self._projection()
-        costs = self.oracle.trial_costs()
+        width = self.oracle.width
+        n, rounds = self._projection(width)
+        costs = self.oracle.trial_costs() if width == 1 else self.oracle.pool_costs()
         per = (
             f"; a trial takes ~{_duration(costs[0])} after a crash (restart included), "
             f"~{_duration(costs[1])} after a pass"
             if costs
+            else "; timed once a server has restarted"
+            if width > 1
             else ""
         )
-        return f"== plan: {', '.join(left) or 'nothing'}: ~{n} trials{self._eta(n)}{per}"
+        pool = ""
+        if width > 1:
+            pool = f" in ~{rounds} rounds on {width} servers"
+        more = ""
+        now, after = self._seconds(rounds), self._seconds(self._projection(width + 1)[1])
+        if now is not None and after is not None and now - after >= 1:
+            more = f"; one more server would save ~{_duration(now - after)}"
+        return (
+            f"== plan: {', '.join(left) or 'nothing'}: ~{n} trials{pool}{self._eta(rounds)}"
+            f"{per}{more}"
+        )
 
-    def _eta(self, left: int) -> str:
-        """`` (~12 min)``: ``left`` trials at the measured cost of a trial
-        after a crash (it restarts the server: a model load) and after a
-        pass, mixed by the crash rate; empty before two trials are in."""
-        return f" (~{_duration(est)})" if (est := expected_seconds(self.oracle, left)) else ""
+    def _eta(self, rounds: int) -> str:
+        """`` (~12 min)``: ``rounds`` rounds of trials (on one server, a round
+        is a trial) at the measured cost of a trial after a crash (it
+        restarts the server: a model load) and after a pass, mixed by the
+        crash rate; empty before two trials are in."""
+        return f" (~{_duration(est)})" if (est := self._seconds(rounds)) else ""
 
-    def _projection(self) -> int:
-        """A rough count of trials left (binary searches over what remains)."""
+    def _seconds(self, rounds: int) -> float | None:
+        """Wall time of ``rounds`` rounds. On a pool a crashed server restarts
+        in the background while the others run, and a round waits for it
+        when it needs every server: a round costs a restart when any of its
+        trials crashed, at the pooled crash rate."""
+        width = self.oracle.width
+        if width == 1:
+            return expected_seconds(self.oracle, rounds)
+        costs = self.oracle.pool_costs()
+        if costs is None or rounds <= 0:
+            return None
+        k, n = self.oracle.crash_rate()
+        crashed = 1 - (1 - (k / n if n else 0.5)) ** width
+        return rounds * (crashed * costs[0] + (1 - crashed) * costs[1])
+
+    def _projection(self, width: int = 1) -> tuple[int, int]:
+        """A rough count of trials left, and of rounds they take on ``width``
+        servers: a search stage is a (width+1)-ary search of ``width``
+        probes a round; repeated runs (a flaky candidate's, confirm,
+        control, timing's speeds) spread over the servers."""
         n = len(self.best.positions)
         per_probe = 1 + (self.oracle.repeats() - 1) / 2
         stages_left = [s for s in STAGES if s in self.opts.stages and s not in self.stages_done]
-        probes = 0.0
+        probes = rounds = 0.0
         for s in stages_left:
             if s in ("prefix", "sessions", "turns"):
-                probes += math.ceil(math.log2(max(n, 2))) + (
-                    self.opts.prefix_recheck if s == "prefix" else 0
-                )
+                recheck = self.opts.prefix_recheck if s == "prefix" else 0
+                probes += math.ceil(math.log2(max(n, 2))) + recheck
+                rounds += math.ceil(math.log(max(n, 2)) / math.log(width + 1)) + recheck
             elif s == "shrink":
                 # max_tokens on a doubling grid, the context, a provider: ~3 short searches
                 probes += 3 * (4 + min(1, self.opts.prefix_recheck))
+                rounds += 3 * (math.ceil(4 / width) + min(1, self.opts.prefix_recheck))
             elif s == "timing":
-                probes += len(self.opts.speedups) + max(2, self.opts.calibrate_matches)
-        return (
-            round(probes * per_probe)
-            + self.opts.confirm * (self.control is not None)
-            + (self.opts.confirm if self.opts.confirm else 0)
-        )
+                runs = len(self.opts.speedups) + max(2, self.opts.calibrate_matches)
+                probes += runs
+                rounds += math.ceil(runs / width)
+        confirm = self.opts.confirm * (1 + (self.control is not None))
+        trials = round(probes * per_probe) + confirm
+        if width > 1:
+            # every server busy each round, some of it on probes made moot
+            trials = min(2 * trials, max(trials, round(rounds * per_probe * width) + confirm))
+        return trials, round(rounds * per_probe) + math.ceil(confirm / width)
 
     # -- the whole run ------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from replayer.options.replay import ReplayPolicy, Timing
 from replayer.replay.files import read_summary
 from replayer.replay.results import read_results
 from replayer.session import Chase, NotExercised, Outcome, Session, Slot
+from replayer.session.pool import Pool
 from replayer.trace.reader import Trace
 
 
@@ -96,6 +97,8 @@ class Observation:
     stage drops every row after them without a search."""
     in_flight: Sequence[int] = ()
     """Rows in flight at the failure: their sessions are tried early."""
+    server: int | None = None
+    """Which server of a pool ran the trial (the journal records it)."""
 
     @property
     def signature_hash(self) -> str | None:
@@ -131,21 +134,43 @@ class FunctionRunner:
 class SessionRunner:
     """The real server: each trial a fresh (or reset) server, replayed,
     watched and classified by the :class:`~replayer.session.Session`
-    (``slot``: which of its servers; default the one under test)."""
+    (``slot``: which of its servers; default the one under test). Over a
+    :class:`~replayer.session.pool.Pool` (``pool``, default the session's),
+    each trial leases a free server: as many run at once as are free."""
 
-    def __init__(self, session: Session, slot: Slot | None = None) -> None:
+    def __init__(
+        self, session: Session, slot: Slot | None = None, pool: Pool | None = None
+    ) -> None:
         self.session = session
+        self.pool = pool if pool is not None else (session.pool if slot is None else None)
         self.slot = slot or session.slot
 
+    @property
+    def width(self) -> int:
+        return self.pool.usable if self.pool is not None else 1
+
     async def run(self, trial: Trial) -> Observation:
+        if self.pool is None:
+            return await self._run(trial, self.slot, None)
+        async with self.pool.lease(trial.number) as slot:
+            return await self._run(trial, slot, self.pool.slots.index(slot))
+
+    async def _run(self, trial: Trial, slot: Slot | None, server: int | None) -> Observation:
         res = await self.session.trial(
             trial.out,
             rows=trial.rows,
-            slot=self.slot,
+            slot=slot,
             policy=trial.policy,
             trace=trial.trace,
             chase=trial.chase,
         )
+        if self.pool is not None and slot is not None:
+            if res.outcome is Outcome.INFRA and res.run is None:
+                # it never started (a lost Slurm job did: that is no reason
+                # to retire the server)
+                self.pool.note_failure(slot, res.message or "did not start")
+            else:
+                self.pool.note_started(slot)
         if res.unexercised and trial.stage == "calibrate":
             raise NotExercised(res.unexercised)
         sent: list[int] | None = None
@@ -161,10 +186,15 @@ class SessionRunner:
             failed_request=(res.failure or {}).get("request_id"),
             sent=sent,
             in_flight=in_flight,
+            server=server,
         )
 
     async def aclose(self) -> None:
-        if self.slot is not None and not self.session.keep_running:
+        if self.session.keep_running:
+            return
+        if self.pool is not None:
+            await self.pool.aclose()
+        elif self.slot is not None:
             await self.slot.stop()
 
 

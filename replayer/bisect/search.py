@@ -13,51 +13,140 @@ never wrong.
   ``m * ceil(log2 n)`` probes for m culprits, against ddmin's ``O(n^2)``.
   The order of ``items`` is the search's prior: likely culprits first make
   the prefixes short.
+
+With ``width`` k > 1 (k servers free), each round of a prefix search probes
+k lengths at once, evenly spread: a (k+1)-ary search of ``log(n)/log(k+1)``
+rounds, each as long as its slowest probe. A probe made moot by another's
+answer (longer than a crash, shorter than a quiet run) is cancelled: a
+stopped trial is evidence of nothing. With k = 1 every engine takes exactly
+the serial path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from replayer._async import spawn
+
 T = TypeVar("T")
+X = TypeVar("X")
+R = TypeVar("R")
 Test = Callable[[tuple[T, ...]], Awaitable[bool]]
 
 
-async def shortest_prefix(items: Sequence[T], pinned: tuple[T, ...], test: Test[T]) -> int:
+async def race(
+    items: Sequence[X],
+    run: Callable[[X], Awaitable[R]],
+    moot: Callable[[X, R, X], bool] | None = None,
+    *,
+    limit: int | None = None,
+) -> list[tuple[X, R]]:
+    """``run(x)`` for every item, at most ``limit`` at once (default: all);
+    when one finishes with r, every item y not finished with
+    ``moot(x, r, y)`` is cancelled (or never started). The finished ones as
+    (item, result), in the order they finished. Items may repeat (several
+    runs of one candidate); with ``limit`` 1 they run in order, one by one."""
+    if len(items) == 1 or limit == 1:
+        out: list[tuple[X, R]] = []
+        for x in items:
+            if moot is not None and any(moot(y, r, x) for y, r in out):
+                continue
+            out.append((x, await run(x)))
+        return out
+    gate = asyncio.Semaphore(limit or len(items))
+
+    async def gated(x: X) -> R:
+        async with gate:
+            return await run(x)
+
+    tasks = {spawn(_call(gated, x), name="bisect-probe"): x for x in items}
+    done_in_order: list[tuple[X, R]] = []
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in sorted(done, key=lambda t: list(tasks).index(t)):
+                if t.cancelled():
+                    continue
+                x, r = tasks[t], t.result()
+                done_in_order.append((x, r))
+                if moot is None:
+                    continue
+                for other in list(pending):
+                    if moot(x, r, tasks[other]):
+                        other.cancel()
+            if moot is not None:
+                cancelled = [t for t in pending if t.cancelled() or t.cancelling()]
+                if cancelled:
+                    await asyncio.gather(*cancelled, return_exceptions=True)
+                    pending -= set(cancelled)
+    finally:
+        left = [t for t in tasks if not t.done()]
+        for t in left:
+            t.cancel()
+        if left:
+            await asyncio.gather(*left, return_exceptions=True)
+    return done_in_order
+
+
+async def _call(run: Callable[[X], Awaitable[R]], x: X) -> R:
+    return await run(x)
+
+
+def points(lo: int, hi: int, width: int) -> list[int]:
+    """``width`` lengths evenly inside (lo, hi): the probes of one round of a
+    (width+1)-ary search (the midpoint, floor, for width 1)."""
+    k = max(1, min(width, hi - lo - 1))
+    return sorted({lo + (hi - lo) * (i + 1) // (k + 1) for i in range(k)} - {lo, hi})
+
+
+async def shortest_prefix(
+    items: Sequence[T], pinned: tuple[T, ...], test: Test[T], *, width: int = 1
+) -> int:
     """Smallest h >= 1 such that ``test(pinned + items[:h])``, given that
     ``pinned + items`` passes and ``pinned`` alone does not (or is not worth
-    a trial). Binary search: ``ceil(log2 len(items))`` probes."""
+    a trial). Binary search: ``ceil(log2 len(items))`` probes; with ``width``
+    k, ``ceil(log(n) / log(k + 1))`` rounds of k probes at once."""
     lo, hi = 0, len(items)  # test(prefix hi) holds; prefix lo is taken to fail
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if await test(pinned + tuple(items[:mid])):
-            hi = mid
-        else:
-            lo = mid
+        got = await race(
+            points(lo, hi, width),
+            lambda m: test(pinned + tuple(items[:m])),
+            lambda m, crashed, other: other > m if crashed else other < m,
+        )
+        hi = min((m for m, crashed in got if crashed), default=hi)
+        lo = max((m for m, crashed in got if not crashed and m < hi), default=lo)
     return hi
 
 
-async def binary_prefix(n: int, run: Callable[[int], Awaitable[int | None]]) -> tuple[int, int]:
+async def binary_prefix(
+    n: int, run: Callable[[int], Awaitable[int | None]], *, width: int = 1
+) -> tuple[int, int]:
     """:func:`shortest_prefix` for a search of one run per probe that learns
     from a crash where it struck: ``run(j)`` says the prefix length the run
     showed crashing (at most j), or None when it was quiet. Returns (lo, hi):
     prefix hi crashed, lo is the longest seen quiet (0: none)."""
     lo, hi = 0, n
-    for _ in range(2 * n.bit_length() + 2):  # each probe halves or better
+    for _ in range(2 * n.bit_length() + 2):  # each round halves or better
         if hi - lo <= 1:
             break
-        mid = (lo + hi) // 2
-        at = await run(mid)
-        if at is None:
-            lo = mid
-        else:
-            hi = max(at, lo + 1)
+        got = await race(
+            points(lo, hi, width),
+            run,
+            lambda m, at, other: other > m if at is not None else other < m,
+        )
+        crashes = [max(at, lo + 1) for _, at in got if at is not None]
+        hi = min([hi, *crashes])
+        lo = max((m for m, at in got if at is None and m < hi), default=lo)
     return lo, hi
 
 
-async def bisect_reduce(items: Sequence[T], pinned: tuple[T, ...], test: Test[T]) -> tuple[T, ...]:
+async def bisect_reduce(
+    items: Sequence[T], pinned: tuple[T, ...], test: Test[T], *, width: int = 1
+) -> tuple[T, ...]:
     """A small subset S of ``items`` with ``test(pinned + S)``, in the order
     of ``items``; ``test(pinned + items)`` is known to hold.
 
@@ -69,7 +158,7 @@ async def bisect_reduce(items: Sequence[T], pinned: tuple[T, ...], test: Test[T]
         base = pinned + tuple(kept)
         if not remaining or await test(base):
             break
-        h = await shortest_prefix(remaining, base, test)
+        h = await shortest_prefix(remaining, base, test, width=width)
         kept.append(remaining[h - 1])
         remaining = remaining[: h - 1]
     order = {x: i for i, x in enumerate(items)}
@@ -162,6 +251,14 @@ EQUAL_INFORMATION = 0.05
 count as equal: among them, the one likeliest to pass is run."""
 
 
+def _gains(
+    n: int, a: float, b: float, runs: list[tuple[int, bool]], choices: list[int], post: _Posterior
+) -> dict[int, float]:
+    """Each probe's expected entropy removed from the posterior."""
+    h = post.entropy()
+    return {j: h - _expected_entropy(n, a, b, runs, j, post) for j in choices}
+
+
 def _pick(
     n: int,
     a: float,
@@ -174,13 +271,41 @@ def _pick(
     """The probe removing the most entropy in expectation; with
     ``crash_cost`` > 1 (a crash costs the next trial a server restart),
     among probes of about equal information the one least likely to crash."""
-    h = post.entropy()
-    gain = {j: h - _expected_entropy(n, a, b, runs, j, post) for j in choices}
+    gain = _gains(n, a, b, runs, choices, post)
     top = max(gain.values())
     if crash_cost <= 1.0 or top <= 0:
         return max(choices, key=gain.__getitem__)
     equal = [j for j in choices if gain[j] >= (1 - EQUAL_INFORMATION) * top]
     return min(equal, key=post.p_crash)
+
+
+def _pick_many(
+    n: int,
+    a: float,
+    b: float,
+    runs: list[tuple[int, bool]],
+    choices: list[int],
+    post: _Posterior,
+    crash_cost: float,
+    width: int,
+) -> list[int]:
+    """``width`` probes, the most informative first (the serial pick leads,
+    so one free server takes the serial path). Near the end few lengths are
+    worth a run: rather than leave servers idle, the best ones run twice
+    (a flaky trigger's quiet runs are what a second run at its length
+    overrules), up to :data:`REPEATS` runs a length a round."""
+    first = _pick(n, a, b, runs, choices, post, crash_cost)
+    gain = _gains(n, a, b, runs, choices, post)
+    rest = sorted((j for j in choices if j != first), key=lambda j: (-gain[j], post.p_crash(j)))
+    distinct = [first, *rest[: width - 1]]
+    picked = list(distinct)
+    for _ in range(REPEATS - 1):
+        picked += distinct[: width - len(picked)]
+    return picked
+
+
+REPEATS = 2
+"""Runs of one length in one round of a wide Bayesian prefix search."""
 
 
 async def bayes_prefix(
@@ -191,6 +316,7 @@ async def bayes_prefix(
     confidence: float = 0.99,
     max_probes: int = 1000,
     crash_cost: float = 1.0,
+    width: int = 1,
 ) -> int:
     """The shortest crashing prefix under a flaky crash: Bayesian bisection
     for one-sided noise (MINIMIZE.md §4.1), with the crash rate unknown.
@@ -210,7 +336,8 @@ async def bayes_prefix(
     trial a server restart), among probes of about equal information the one
     likelier to pass wins (:data:`EQUAL_INFORMATION`). The search ends
     when one length holds ``confidence`` of the mass; a crash is never
-    overruled, so the answer is never shorter than h*."""
+    overruled, so the answer is never shorter than h*. With ``width`` k, each
+    round runs the k most informative distinct probes at once."""
     a = b = 1.0
     runs: list[tuple[int, bool]] = [(min(j, n), c) for j, c in seen]
     for _ in range(max_probes):
@@ -223,7 +350,10 @@ async def bayes_prefix(
             j = post.quantile(f)
             choices |= {j, max(1, j - 1)}
 
-        j = _pick(n, a, b, runs, sorted(choices), post, crash_cost)
-        at = await probe(j)
-        runs.append((j, False) if at is None else (min(at, j), True))
+        if width <= 1:
+            picked = [_pick(n, a, b, runs, sorted(choices), post, crash_cost)]
+        else:
+            picked = _pick_many(n, a, b, runs, sorted(choices), post, crash_cost, width)
+        for j, at in await race(picked, probe):
+            runs.append((j, False) if at is None else (min(at, j), True))
     return _Posterior(n, a, b, runs).mode()[0]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from replayer.bisect.oracle import Candidate, Outcome, TrialRecord
 from replayer.bisect.runner import failure_rows, run_failure
-from replayer.bisect.search import bisect_reduce
+from replayer.bisect.search import bisect_reduce, race
 from replayer.bisect.stats import describe_rate, zero_upper
 from replayer.replay.policy import Timing
 
@@ -26,8 +26,9 @@ class NotReproducible(Exception):
 
 async def calibrate(b: Search) -> None:
     """Replay the full selection until ``calibrate_matches`` matches or
-    ``calibrate_runs`` runs: the first crash pins the chase, the rate sets
-    how many quiet runs dismiss a candidate."""
+    ``calibrate_runs`` runs (a round of runs on every free server): the
+    first crash pins the chase, the rate sets how many quiet runs dismiss a
+    candidate."""
     full = b.best
     o = b.opts
     for _ in range(o.calibrate_runs + o.calibrate_matches):
@@ -37,7 +38,14 @@ async def calibrate(b: Search) -> None:
             break
         if c[Outcome.INFRA] > 3:
             raise NotReproducible("the target failed to launch repeatedly (see trials/)")
-        await b.oracle.run_once(full, "calibrate")
+        room, width = o.calibrate_runs - runs, b.oracle.width
+        # on a pool a round runs on all servers but one (kept ready for the
+        # next stage's first trial): the same rounds, and more runs before a
+        # flaky crash can pass for certain (5/5 at p = 0.5 is 1 in 32, 7/7
+        # 1 in 128)
+        need = o.calibrate_matches - c[Outcome.MATCH]
+        want = min(room, need if width == 1 else width if width == 2 else width - 1)
+        await b.oracle.run_many(full, max(1, want), "calibrate")
     c = b.oracle.counts(full)
     if not c[Outcome.MATCH]:
         runs = sum(c.values()) - c[Outcome.INFRA]
@@ -148,7 +156,7 @@ async def sessions(b: Search) -> None:
     async def probe(group: tuple[str, ...]) -> bool:
         return await b.test([p for s in group for p in by_session[s]], "sessions")
 
-    kept = await bisect_reduce(order, (pinned,), probe)
+    kept = await bisect_reduce(order, (pinned,), probe, width=b.oracle.width)
     keep = {pinned, *kept}
     b.improve(b.candidate([p for p in positions if b.session(p) in keep]), "sessions")
 
@@ -162,7 +170,7 @@ async def turns(b: Search) -> None:
     async def probe(group: tuple[int, ...]) -> bool:
         return await b.test(group, "turns")
 
-    kept = await bisect_reduce(items, (last,), probe)
+    kept = await bisect_reduce(items, (last,), probe, width=b.oracle.width)
     b.improve(b.candidate([last, *kept]), "turns")
 
 
@@ -173,9 +181,19 @@ async def timing(b: Search) -> None:
     base = b.best
     if base.timing == Timing.ASAP.value:
         return  # nothing left to compress
-    for factor in b.opts.speedups:
-        cand = replace(base, speed=base.speed * factor)
-        if not await b.oracle.test(cand, stage="timing"):
+    faster = [replace(base, speed=base.speed * f) for f in b.opts.speedups]
+    # each speed-up at once on free servers; a speed-up that goes quiet makes
+    # the faster ones moot (a crash that needs time to form stays gone)
+    got = dict(
+        await race(
+            list(range(len(faster))),
+            lambda i: b.oracle.test(faster[i], stage="timing"),
+            lambda i, crashed, j: not crashed and j > i,
+            limit=b.oracle.width,
+        )
+    )
+    for i, cand in enumerate(faster):
+        if not got.get(i):
             break
         b.improve(cand, "timing")
     if b.opts.try_asap and b.best.timing != Timing.ASAP.value:
@@ -203,5 +221,10 @@ async def reproduces(b: Search, cand: Candidate, stage: str) -> bool:
             return False
         if len(recs) >= need:
             return True
-        await b.oracle.run_once(cand, stage)
+        await b.oracle.run_many(
+            cand,
+            min(need - len(recs), b.oracle.width),
+            stage,
+            until=lambda r: r.outcome not in (Outcome.MATCH, Outcome.INFRA),
+        )
     return False

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from replayer._clock import REAL, Clock
 from replayer.bisect.edit import Edit, materialize
 from replayer.bisect.oracle import Budget, Candidate, Oracle, Outcome, TrialRecord
 from replayer.bisect.runner import Runner, Trial, as_runner, observed
@@ -46,11 +46,16 @@ class _Trials:
     def __init__(self, bisect: Search) -> None:
         self.b = bisect
 
+    @property
+    def width(self) -> int:
+        """Trials the bisect's runner runs at once (a pool's servers)."""
+        return max(1, int(getattr(self.b.runner, "width", 1)))
+
     async def run(self, cand: Candidate, trial: int, stage: str) -> TrialRecord:
         b = self.b
         rel = f"trials/{trial:04d}"
-        started = time.time()
-        t0 = time.monotonic()
+        started = b.clock.wall()
+        t0 = b.clock.now()
         spec = b.trial(cand, trial, stage, b.out / rel, b.chase)
         obs = observed(await b.runner.run(spec))
         sent = None if obs.sent is None else b.source_rows(spec.trace, obs.sent)
@@ -68,8 +73,9 @@ class _Trials:
             failure_class=obs.failure_class,
             signature=sig,
             message=obs.message,
-            duration_s=round(time.monotonic() - t0, 3),
+            duration_s=round(b.clock.now() - t0, 3),
             started_at=started,
+            server=obs.server,
             run=rel,
             failed_request=obs.failed_request,
             suspects=list(obs.suspects or getattr(obs.signature, "suspects", ())),
@@ -113,8 +119,11 @@ class Search:
         chase: Chase | None = None,
         facts: dict[str, Any] | None = None,
         say: Callable[[str], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         env = runner if isinstance(runner, Session) else None
+        self.clock: Clock = clock or (env.clock if env else REAL)
+        """Where trials are timed (a test's or a simulation's virtual clock)."""
         self.trace = trace
         self.rows = list(rows)
         self.runner = as_runner(runner)
@@ -127,7 +136,7 @@ class Search:
         self.facts = facts or {}
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.signature: Signature | None = None
-        self.started = time.monotonic()
+        self.started = self.clock.now()
         out.mkdir(parents=True, exist_ok=True)
         self.oracle = Oracle(
             _Trials(self),
@@ -136,6 +145,7 @@ class Search:
             # a crash seen on every calibration run is taken as deterministic
             deterministic_after=self.opts.calibrate_matches,
             budget=Budget(self.opts.max_trials, self.opts.max_time),
+            clock=self.clock,
         )
         self.sessions = trace.column("session_id")
         self.ids = trace.column("request_id")

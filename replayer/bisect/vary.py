@@ -47,6 +47,7 @@ needs one, not five.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shlex
@@ -562,9 +563,11 @@ async def _run_one(
     say: Callable[[str], None],
     trace: Trace | None = None,
     control: Mapping[str, Any] | None = None,
+    server: int = 0,
 ) -> dict[str, Any]:
     """``runs`` runs of one launch (journaled runs of the same launch count),
-    fewer when ``control`` is given and the verdict is settled (:func:`settled`)."""
+    fewer when ``control`` is given and the verdict is settled (:func:`settled`);
+    on a pool, in the place of its server ``server``."""
     shown = redact_command(cmd)
     jpath = out / "variants.jsonl"
     done = [
@@ -577,7 +580,7 @@ async def _run_one(
         return sum(e["outcome"] == Outcome.MATCH.value for e in done)
 
     if len(done) < runs and not (control and settled(crashes(), runs, control)):
-        slot = session.variant(cmd, d / "server.log")
+        slot = session.variant(cmd, d / "server.log", server)
         mine = replace(chase)
         failed = 0
         try:
@@ -663,24 +666,31 @@ async def run_plan(
     else:
         ctl = {**await _run_one(CONTROL, plan.command, *args), "source": "vary"}
     ctl.update(change="", verdict="control")
-    result = []
-    for a in plan.variants:
+    # on a pool, each variant takes the place of one server: several at once
+    lanes: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(max(1, session.width)):
+        lanes.put_nowait(i)
+
+    async def row_of(a: Applied) -> dict[str, Any]:
         v = a.variant
         base = {"change": a.change, "note": v.note, "means": v.means}
         if a.launch is None:
-            result.append(
-                {
-                    "name": v.name,
-                    **base,
-                    **rate_dict(0, 0),
-                    "skipped": a.skipped,
-                    "verdict": "skipped",
-                }
-            )
-            continue
-        row = {**await _run_one(v.name, a.launch, *args, control=ctl), **base}
-        row["verdict"] = verdict(row, ctl)
-        result.append(row)
+            return {
+                "name": v.name,
+                **base,
+                **rate_dict(0, 0),
+                "skipped": a.skipped,
+                "verdict": "skipped",
+            }
+        lane = await lanes.get()
+        try:
+            return {**await _run_one(v.name, a.launch, *args, control=ctl, server=lane), **base}
+        finally:
+            lanes.put_nowait(lane)
+
+    result = await asyncio.gather(*(row_of(a) for a in plan.variants))
+    for row in result:
+        row.setdefault("verdict", verdict(row, ctl))
     report = {"runs": plan.runs, "control": ctl, "variants": result}
     report["reading"] = reading(report)
     return report

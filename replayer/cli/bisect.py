@@ -55,7 +55,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from replayer import api
 
     given = args.launch is not None or args.url is not None or args.restart_cmd is not None
-    server = server_from(args, "bisect") if given or args.from_run is None else None
+    pool = build(options.PoolOptions, args, "bisect")
+    needed = args.from_run is None and pool.pool is None
+    server = server_from(args, "bisect") if given or needed else None
     ctl = build(options.ControlOptions, args, "bisect").server(server)
     vary = build(options.VaryOptions, args, "bisect")
     res = api.bisect_sync(
@@ -74,6 +76,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         vary=vary.vary,
         vary_runs=vary.vary_runs,
         from_run=args.from_run,
+        servers=pool.servers,
+        gpus=pool.gpus,
+        pool=pool.pool,
+        control_pool=pool.control_pool,
     )
     return print_result(res)
 

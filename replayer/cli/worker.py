@@ -17,7 +17,9 @@ Why a child process per job rather than a task in ``serve``'s event loop:
   (:mod:`replayer.options`) from the job's spec and calls the same
   :mod:`replayer.api` verb the command line calls, printing what the command
   prints, so a job behaves exactly as the same command typed in a shell:
-  defaults, validation, exit codes, ``--resume``. It lives in ``cli``
+  defaults, validation, exit codes, ``--resume``. A bisect on a pool gets
+  the pool file the scheduler wrote for it (the servers it holds) as its
+  ``pool`` option. It lives in ``cli``
   because it is a front end: the service starts it by module name, never
   imports it. (A job queued by an older ``serve``, with a command line and
   no spec, runs that command line.)
@@ -177,6 +179,19 @@ def _server(conf: dict[str, Any], **extra: Any) -> Any:
     )
 
 
+def _pool(path: str | None, conf: dict[str, Any] | None) -> Any:
+    """A service pool job's pool file (written by the scheduler: the pool's
+    table and the servers this job holds), its key from the variable the
+    pool names; else the ``pool`` option as given."""
+    if path is None or conf is None:
+        return path
+    from replayer.options import PoolSpec, Server
+
+    env = conf.get("api_key_env")
+    key = os.environ.get(env) if env else None
+    return PoolSpec.load(path, Server(url="http://127.0.0.1:8000", api_key=key))
+
+
 def run_spec(spec: dict[str, Any]) -> int:
     """Build the job's options and call its :mod:`replayer.api` verb; print
     what the command prints; its exit code."""
@@ -232,13 +247,13 @@ def run_spec(spec: dict[str, Any]) -> int:
         )
         print_replay(result, as_json=False)
         return result.exit_code
-    server = _server(spec["servers"][0])
     if kind == "bisect":
         ctl = spec.get("control")
         vary = build(options.VaryOptions)
+        pooled = build(options.PoolOptions)
         res = api.bisect_sync(
             spec["input"],
-            server,
+            _server(spec["servers"][0]) if spec.get("servers") else None,
             out,
             build(options.BisectOptions),
             policy=build(options.ReplayPolicy),
@@ -251,8 +266,13 @@ def run_spec(spec: dict[str, Any]) -> int:
             metrics=build(options.MetricsOptions),
             vary=vary.vary,
             vary_runs=vary.vary_runs,
+            servers=pooled.servers,
+            gpus=pooled.gpus,
+            pool=_pool(pooled.pool, spec.get("pool")),
+            control_pool=pooled.control_pool,
         )
         return print_bisect(res)
+    server = _server(spec["servers"][0])
     vary = build(options.VaryOptions)
     got = api.verify_bundle_sync(
         spec["input"],

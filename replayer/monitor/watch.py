@@ -295,14 +295,16 @@ class TargetWatch:
         # its answer no longer matters
         for t in self._tasks[:1]:  # the health loop (see start)
             t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # our caller is being cancelled, not just this watcher
-        await self.health.close()
+        try:
+            for t in self._tasks:
+                try:
+                    await t
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # our caller is being cancelled, not just this watcher
+        finally:
+            await self.health.close()  # a cancelled trial's too: else its session leaks
         if self.failed_at is None and self.config.scrape_target:
             await self.scraper.final()
 

@@ -27,6 +27,7 @@ from typing import Any
 from replayer._declare import Declared, Spec, exposed, from_values, specs
 from replayer.options.analysis import CompareOptions, Slo, SweepOptions
 from replayer.options.monitor import WatchConfig
+from replayer.options.pool import PoolSpec
 from replayer.options.record import DEFAULT_SESSION_HEADERS, RecordOptions
 from replayer.options.replay import (
     Mode,
@@ -51,6 +52,7 @@ from replayer.options.search import (
 from replayer.options.server import (
     ControlOptions,
     MetricsOptions,
+    PoolOptions,
     ResetMode,
     Server,
     Targets,
@@ -74,6 +76,8 @@ __all__ = [
     "OnFailure",
     "Order",
     "Payload",
+    "PoolOptions",
+    "PoolSpec",
     "RecordOptions",
     "ReplayPolicy",
     "ResetMode",
@@ -109,6 +113,7 @@ VERBS: dict[str, tuple[type[Declared], ...]] = {
         BisectOptions,
         ChaseOptions,
         ControlOptions,
+        PoolOptions,
         ReplayPolicy,
         WatchConfig,
         Selection,

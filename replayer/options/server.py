@@ -261,6 +261,41 @@ class ControlOptions(Declared):
 
 
 @dataclass(frozen=True)
+class PoolOptions(Declared):
+    """A pool of servers: trials run on all of them at once."""
+
+    __group__ = "a pool of servers (trials run on several at once)"
+    __verbs__ = frozenset({"bisect"})
+
+    servers: int = option(
+        1,
+        "run N servers of --launch and as many trials at once; {port}, {slot} and {gpus} in "
+        "--launch are filled in per server (default 1)",
+        metavar="N",
+        ge=1,
+    )
+    gpus: int = option(
+        0,
+        "GPUs per server: {gpus} in --launch becomes each server's ids (0,1 then 2,3 ...)",
+        metavar="N",
+        ge=0,
+    )
+    pool: str | None = option(
+        None,
+        "a pool file (TOML): how many servers, a launch template, Slurm jobs, or servers "
+        "one by one (instead of --launch/--servers)",
+        metavar="FILE",
+    )
+    control_pool: str | None = option(
+        None, "the control platform's pool file (instead of --control-launch)", metavar="FILE"
+    )
+
+    def validate(self) -> None:
+        if self.pool is not None and self.servers > 1:
+            raise OptionError("pool", "and servers are exclusive: the pool file says how many")
+
+
+@dataclass(frozen=True)
 class MetricsOptions(Declared):
     """replayer's own live metrics, for Prometheus and Grafana."""
 

@@ -8,6 +8,8 @@ A lab runs the reproducer next to its GPU servers: people submit jobs
 * :mod:`~replayer.service.specs`: job requests into the CLI's own argv;
 * :mod:`~replayer.service.config`: ``targets.toml``, the only source of
   launch commands;
+* :mod:`~replayer.service.pools`: pools of servers in ``targets.toml`` that
+  bisect jobs share, each job's fair share and its own pool file;
 * :mod:`~replayer.service.jobs`: one folder and one atomic state file per job;
 * :mod:`~replayer.service.scheduler` and :mod:`~replayer.cli.worker`:
   one child process per running job, a concurrency limit, resume after restart;

@@ -6,13 +6,14 @@ token, see :mod:`replayer.service.auth`)::
     GET  /healthz                          {"status": "ok"}            (no auth)
     GET  /metrics                          Prometheus text
     GET  /                                 the jobs page (HTML)
-    GET  /api/targets                      configured targets (no commands)
+    GET  /api/targets                      configured targets and pools (no commands)
     GET  /api/traces                       uploaded and registered traces
     PUT  /api/traces/{name}                upload a trace: the raw body, streamed
     POST /api/traces/register              {"path": "incoming/prod.arrow"}
     GET  /api/jobs[?state=S&kind=K]        {"jobs": [...]}, newest first
     POST /api/jobs                         submit: {"kind", "trace"|"bundle"|"job",
-                                            "target"|"targets", "control", "options", "label"}
+                                            "target"|"targets"|"pool", "max_servers",
+                                            "control", "options", "label"}
     GET  /api/jobs/{id}                    status, progress, result, links
     POST /api/jobs/{id}/cancel             202
     GET  /api/jobs/{id}/log[?offset=N&follow=1]   text, chunked; follow streams until the end
@@ -117,6 +118,7 @@ class Service:
             progress=self.progress,
             cancel_grace=cfg.cancel_grace,
             on_finish=self._finished,
+            pools=cfg.targets.pools,
         )
         self._recovery: asyncio.Task[None] | None = None
 
@@ -267,7 +269,7 @@ class Service:
         d["links"] = self._links(job)
         if progress and job.state is not JobState.QUEUED:
             d["progress"] = self.progress.progress(
-                job.kind, self.store.out(job), self.store.log_path(job)
+                job.kind, self.store.out(job), self.store.log_path(job), slots=job.slots
             )
         if job.state is JobState.QUEUED:
             pos = positions if positions is not None else self._queue_positions()
@@ -310,7 +312,12 @@ class Service:
         def has(job: Job, name: str) -> bool:
             return (self.store.out(job) / name).is_file()
 
-        text = render_jobs(self.store.listing(), has)
+        def servers(job: Job) -> list[dict[str, Any]] | None:
+            if job.pool is None or job.state is JobState.QUEUED:
+                return None
+            return self.progress.servers(self.store.out(job), job.slots)
+
+        text = render_jobs(self.store.listing(), has, servers)
         return web.Response(
             text=text,
             content_type="text/html",
@@ -318,7 +325,13 @@ class Service:
         )
 
     async def list_targets(self, request: web.Request) -> web.Response:
-        return _json({"targets": [t.public() for t in self.cfg.targets.by_name.values()]})
+        t = self.cfg.targets
+        return _json(
+            {
+                "targets": [c.public() for c in t.by_name.values()],
+                "pools": [p.public() for p in t.pools.values()],
+            }
+        )
 
     async def list_traces(self, request: web.Request) -> web.Response:
         return _json({"traces": self.traces.listing()})
@@ -413,6 +426,8 @@ class Service:
             options=plan.options,
             label=body.get("label"),
             spec=plan.spec,
+            pool=plan.pool,
+            max_servers=plan.max_servers,
         )
         self.store.note(job, "submitted: replayer " + " ".join(redact_argv(plan.argv)))
         self.scheduler.kick()

@@ -25,6 +25,17 @@ Exactly one of ``launch`` and ``restart_cmd`` may be given; ``url`` is
 required unless ``launch`` carries ``--port``. A target with neither command
 can be replayed against but not bisected (nothing could restart it after a
 crash).
+
+``[pools.NAME]`` tables declare pools of interchangeable servers that bisect
+jobs share (:mod:`replayer.service.pools`)::
+
+    [pools.gpu4]
+    servers = 4
+    launch = "vllm serve m --port {port} --gpus {gpus}"
+    gpus = 2
+    description = "node 3, two GPUs a server"
+
+A pool and a target may not share a name.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from replayer.errors import UsageError
+from replayer.service.pools import PoolConfig, parse_pool
 from replayer.target.base import ResetMode
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -83,16 +95,23 @@ class TargetConfig:
 
 @dataclass(frozen=True, slots=True)
 class Targets:
-    """Every configured target, by name."""
+    """Every configured target and pool, by name."""
 
     by_name: dict[str, TargetConfig] = field(default_factory=dict)
     source: Path | None = None
+    pools: dict[str, PoolConfig] = field(default_factory=dict)
 
     def get(self, name: object, what: str = "target") -> TargetConfig:
         if not isinstance(name, str) or name not in self.by_name:
             have = ", ".join(sorted(self.by_name)) or "none configured"
             raise UsageError(f"{what} {name!r} is not a configured target ({have})")
         return self.by_name[name]
+
+    def pool(self, name: object) -> PoolConfig:
+        if not isinstance(name, str) or name not in self.pools:
+            have = ", ".join(sorted(self.pools)) or "none configured"
+            raise UsageError(f"pool {name!r} is not a configured pool ({have})")
+        return self.pools[name]
 
 
 def _url(value: object, where: str) -> str:
@@ -107,9 +126,13 @@ def _str(value: object, where: str) -> str:
     return value
 
 
-def parse_target(name: str, table: object, where: str) -> TargetConfig:
+def _check_name(name: str, what: str, where: str) -> None:
     if not _NAME.match(name):
-        raise UsageError(f"{where}: target name {name!r}: letters, digits, '_', '.', '-'")
+        raise UsageError(f"{where}: {what} name {name!r}: letters, digits, '_', '.', '-'")
+
+
+def parse_target(name: str, table: object, where: str) -> TargetConfig:
+    _check_name(name, "target", where)
     if not isinstance(table, dict):
         raise UsageError(f"{where}: [targets.{name}] must be a table")
     unknown = set(table) - _KEYS
@@ -169,11 +192,20 @@ def load_targets(path: Path | None) -> Targets:
         raise UsageError(f"--targets {path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"--targets {path}: not valid TOML: {exc}") from None
-    unknown = set(data) - {"targets"}
+    unknown = set(data) - {"targets", "pools"}
     if unknown:
         raise UsageError(f"--targets {path}: unknown table(s) {', '.join(sorted(unknown))}")
-    tables = data.get("targets", {})
+    where = f"--targets {path}"
+    tables, pool_tables = data.get("targets", {}), data.get("pools", {})
     if not isinstance(tables, dict):
-        raise UsageError(f"--targets {path}: [targets.NAME] tables expected")
-    by_name = {n: parse_target(n, t, f"--targets {path}") for n, t in tables.items()}
-    return Targets(by_name, path)
+        raise UsageError(f"{where}: [targets.NAME] tables expected")
+    if not isinstance(pool_tables, dict):
+        raise UsageError(f"{where}: [pools.NAME] tables expected")
+    by_name = {n: parse_target(n, t, where) for n, t in tables.items()}
+    pools = {}
+    for n, t in pool_tables.items():
+        _check_name(n, "pool", where)
+        if n in by_name:
+            raise UsageError(f"{where}: [pools.{n}]: a target has that name too")
+        pools[n] = parse_pool(n, t, where)
+    return Targets(by_name, path, pools)

@@ -109,6 +109,13 @@ class Job:
     """Transitions: ``{"at": time, "state": ..., "note": ...}``."""
     spec: dict[str, Any] | None = None
     """What the worker runs (:class:`~replayer.service.specs.JobPlan.spec`)."""
+    pool: str | None = None
+    """The pool (``targets.toml``) a bisect runs on, instead of a target."""
+    max_servers: int | None = None
+    """The most servers of ``pool`` it may hold (None: as many as its share)."""
+    slots: list[int] = field(default_factory=list)
+    """The servers of ``pool`` given to its current (or last) worker: held
+    while the job runs, cleared when it goes back to the queue."""
 
     @property
     def terminal(self) -> bool:
@@ -144,6 +151,9 @@ class Job:
             "message": self.message,
             "attempts": self.attempts,
             "result": self.result,
+            "pool": self.pool,
+            "max_servers": self.max_servers,
+            "slots": self.slots,
         }
 
 
@@ -211,8 +221,21 @@ class JobStore:
         options: dict[str, Any],
         label: str | None = None,
         spec: dict[str, Any] | None = None,
+        pool: str | None = None,
+        max_servers: int | None = None,
     ) -> Job:
-        job = Job(job_id, kind, argv, targets, inputs, options, label, spec=spec)
+        job = Job(
+            job_id,
+            kind,
+            argv,
+            targets,
+            inputs,
+            options,
+            label,
+            spec=spec,
+            pool=pool,
+            max_servers=max_servers,
+        )
         job.events.append({"at": job.created_at, "state": job.state.value, "note": "submitted"})
         d = self.dir(job)
         d.mkdir(mode=0o750)

@@ -1,18 +1,22 @@
 """The jobs page: one self-contained HTML table, no scripts, no CDN.
 
 It lists every job (newest first) with its state, outcome and links to its
-log, files, bundle and report. Everything interpolated is escaped; the page
-is served with a Content-Security-Policy that forbids scripts entirely.
+log, files, bundle and report; a bisect on a pool also what each of its
+servers is doing (``2 running trial 12 · 3 restarting · 4 failed: reason``).
+Everything interpolated is escaped; the page is served with a
+Content-Security-Policy that forbids scripts entirely.
 """
 
 from __future__ import annotations
 
 import html
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from replayer._version import __version__
 from replayer.service.jobs import Job
+from replayer.service.pools import servers_line
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
@@ -31,7 +35,13 @@ def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
 
 
-def render_jobs(jobs: Sequence[Job], has_file: Callable[[Job, str], bool]) -> str:
+def render_jobs(
+    jobs: Sequence[Job],
+    has_file: Callable[[Job, str], bool],
+    servers: Callable[[Job], Sequence[Mapping[str, Any]] | None] | None = None,
+) -> str:
+    """The page; ``servers(job)``: a pool bisect's servers (progress's
+    ``servers``), None for any other job."""
     e = html.escape
     rows = []
     for j in jobs:
@@ -46,11 +56,17 @@ def render_jobs(jobs: Sequence[Job], has_file: Callable[[Job, str], bool]) -> st
             links.append(f'<a href="/api/jobs/{e(j.id)}/report">report</a>')
         what = j.inputs.get("trace") or j.inputs.get("bundle") or ""
         detail = j.outcome or j.message or ""
+        held = ", ".join(j.targets)
+        if j.pool is not None:
+            held = ", ".join([f"pool {j.pool}", *j.targets])
+            got = servers(j) if servers is not None else None
+            if got:
+                held += f" ({servers_line(got)})"
         rows.append(
             "<tr>"
             f"<td><code>{e(j.id)}</code></td><td>{e(j.kind)}</td>"
             f'<td class="{e(j.state.value)}">{e(j.state.value)}</td>'
-            f"<td>{e(detail[:160])}</td><td>{e(', '.join(j.targets))}</td>"
+            f"<td>{e(detail[:160])}</td><td>{e(held)}</td>"
             f"<td><code>{e(what)}</code></td><td>{e(j.label or '')}</td>"
             f"<td>{e(_when(j.created_at))}</td><td>{' · '.join(links)}</td>"
             "</tr>"

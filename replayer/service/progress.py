@@ -10,7 +10,8 @@ of ``serve``.
 
 Status polls must stay cheap (hundreds per second while a job runs): the
 journal is read incrementally (only the bytes appended since the last
-poll), the manifest only when its mtime changes, and logs only as a tail.
+poll), the manifest and a pool's ``servers.json`` only when their mtime
+changes, and logs only as a tail.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ class ProgressReader:
     def __init__(self) -> None:
         self._journals: dict[Path, _Journal] = {}
         self._manifests: dict[Path, tuple[float, dict[str, Any] | None]] = {}
+        self._servers: dict[Path, tuple[tuple[int, int, int], list[dict[str, Any]] | None]] = {}
         self._logs: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
 
     def journal(self, path: Path) -> _Journal:
@@ -125,12 +128,43 @@ class ProgressReader:
         self._manifests[path] = (mtime, data)
         return data
 
-    def progress(self, kind: str, out: Path, log_path: Path) -> dict[str, Any]:
+    def servers(self, out: Path, slots: Sequence[int] = ()) -> list[dict[str, Any]] | None:
+        """What each server of a pool bisect is doing (``servers.json``, which
+        the pool keeps current), or None without one. ``server`` is the
+        number its journal's trials carry; ``slot`` the pool's number for it
+        (``slots``: the servers the job holds, in the pool's order)."""
+        path = out / "servers.json"
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        # rewritten by a rename each time: a new inode, maybe within one mtime tick
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._servers.get(path)
+        if cached is None or cached[0] != key:
+            rows: list[dict[str, Any]] | None = None
+            bad = (OSError, orjson.JSONDecodeError, AttributeError, TypeError, KeyError)
+            with contextlib.suppress(*bad):
+                rows = [
+                    {k: s.get(k) for k in ("server", "state", "trial", "reason")}
+                    for s in orjson.loads(path.read_bytes())["servers"]
+                    if isinstance(s, dict)
+                ]
+            cached = self._servers[path] = (key, rows)
+        if cached[1] is None:
+            return None
+        return [
+            {**s, "slot": slots[i] if i < len(slots) else None} for i, s in enumerate(cached[1])
+        ]
+
+    def progress(
+        self, kind: str, out: Path, log_path: Path, *, slots: Sequence[int] = ()
+    ) -> dict[str, Any]:
         """What a running (or finished) job has done so far."""
         if kind == "bisect":
             j = self.journal(out / "journal.jsonl")
             m = self.manifest(out / "bundle" / "manifest.json")
-            return {
+            got = {
                 "trials": j.trials,
                 "outcomes": dict(j.outcomes),
                 "verdicts": j.verdicts,
@@ -138,6 +172,10 @@ class ProgressReader:
                 "best_requests": len(m.get("requests") or []) if m else None,
                 "bundle_status": m.get("status") if m else None,
             }
+            servers = self.servers(out, slots)
+            if servers is not None:
+                got["servers"] = servers
+            return got
         try:
             st = os.stat(log_path)
             key = (st.st_size, st.st_mtime_ns)
@@ -174,6 +212,7 @@ class ProgressReader:
     def forget(self, out: Path) -> None:
         self._journals.pop(out / "journal.jsonl", None)
         self._manifests.pop(out / "bundle" / "manifest.json", None)
+        self._servers.pop(out / "servers.json", None)
 
 
 OUTCOMES = {

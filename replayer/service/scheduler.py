@@ -3,7 +3,15 @@
 A queued job starts when fewer than ``max_concurrent`` jobs run *and* none
 of its targets is held by a running job (two jobs driving one GPU server
 would ruin both), oldest first; a job waiting for a busy target does not
-hold back a later job on a free one. Each running job is one worker
+hold back a later job on a free one. A bisect on a pool
+(:mod:`replayer.service.pools`) holds some of the pool's servers instead:
+when it starts it gets ``min(max_servers, fair share, free)`` of them, the
+lowest free numbers, the fair share being the pool's size over the jobs
+that name it (running and queued, at least one server); it waits while
+every server is held. The scheduler writes its pool file (the pool's table
+and ``slots = [...]``) into the job's folder before the worker starts;
+the servers are free again once the worker is gone, however the job ended.
+Each running job is one worker
 process (:mod:`replayer.cli.worker`) and one task here that waits for
 it and records how it ended; a worker's crash is a failed job, never an
 exception in the service.
@@ -11,7 +19,8 @@ exception in the service.
 **Restart.** :meth:`Scheduler.recover` runs before the first start: a job
 the previous ``serve`` left running has its stale worker (if any) stopped;
 a bisect goes back to the queue with ``--resume`` (its journal holds every
-finished trial, and ``--resume`` reaps the server the dead worker left); a
+finished trial, and ``--resume`` reaps the server the dead worker left; on
+a pool it lets go of its servers and gets a share again when it starts); a
 replay or verify becomes ``interrupted``, its partial results kept. On a
 graceful shutdown the workers are stopped the same way and their jobs stay
 ``running`` on disk, so the next start resumes them identically.
@@ -27,12 +36,13 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from replayer._async import spawn, wait_event
 from replayer.service.jobs import Job, JobState, JobStore
+from replayer.service.pools import POOL_FILE, PoolConfig, allot, write_pool_file
 from replayer.service.progress import OUTCOMES, ProgressReader, last_error_line, result_of
 from replayer.session import reap_orphan
 
@@ -119,8 +129,10 @@ class Scheduler:
         cancel_grace: float = CANCEL_GRACE,
         python: str | None = None,
         on_finish: Callable[[Job], None] | None = None,
+        pools: Mapping[str, PoolConfig] | None = None,
     ) -> None:
         self.store = store
+        self.pools = dict(pools or {})
         self.max_concurrent = max_concurrent
         self.progress = progress or ProgressReader()
         self.cancel_grace = cancel_grace
@@ -149,13 +161,38 @@ class Scheduler:
         jobs = [j for j in self.store.jobs.values() if j.state is JobState.QUEUED]
         return sorted(jobs, key=lambda j: (j.created_at, j.id))
 
+    def held(self) -> dict[str, set[int]]:
+        """The servers of each pool that running jobs hold."""
+        out: dict[str, set[int]] = {}
+        for r in self.running.values():
+            if r.job.pool is not None:
+                out.setdefault(r.job.pool, set()).update(r.job.slots)
+        return out
+
+    def _sharing(self, pool: str, queued: list[Job]) -> int:
+        """Jobs that name ``pool``, running or queued (a job picked in this
+        pass is both: counted once)."""
+        ids = {r.job.id for r in self.running.values() if r.job.pool == pool}
+        return len(ids | {j.id for j in queued if j.pool == pool})
+
     def _start_eligible(self) -> None:
         busy = {t for r in self.running.values() for t in r.job.targets}
-        for job in self.queued():
+        held = self.held()
+        queued = self.queued()
+        for job in queued:
             if len(self.running) >= self.max_concurrent:
                 return
             if busy & set(job.targets):
                 continue
+            if job.pool is not None and job.pool in self.pools:
+                size = self.pools[job.pool].size
+                taken = held.setdefault(job.pool, set())
+                share = self._sharing(job.pool, queued)
+                slots = allot(size, taken, want=job.max_servers, sharing=share)
+                if not slots:
+                    continue  # every server of the pool is held: wait for one
+                taken.update(slots)
+                self.store.update(job, slots=slots)
             busy |= set(job.targets)
             # the worker starts inside the task, so one bad start fails one job
             self.running[job.id] = _Running(job)
@@ -188,6 +225,24 @@ class Scheduler:
             # the worker stops hard before serve would SIGKILL it (see worker.py)
             "REPLAYER_WORKER_STOP_GRACE": f"{max(1.0, self.cancel_grace * 2 / 3):g}",
         }
+        if job.pool is not None:
+            conf = self.pools.get(job.pool)
+            if conf is None:
+                self.store.update(
+                    job,
+                    state=JobState.FAILED,
+                    message=f"pool {job.pool} is not in targets.toml any more",
+                    finished_at=time.time(),
+                )
+                if self.on_finish is not None:
+                    self.on_finish(job)
+                return
+            write_pool_file(conf, job.slots, d / POOL_FILE)
+            self.store.note(
+                job,
+                f"holds server(s) {', '.join(map(str, job.slots))} of pool {job.pool} "
+                f"({conf.size} in all)",
+            )
         port = None
         if takes_metrics_port(job.kind):  # live metrics: a port per attempt, not in state.json
             port = _free_port()
@@ -345,7 +400,7 @@ class Scheduler:
             note = "serve restarted before the first trial finished: the bisect starts over"
         self.store.note(job, note)
         self.store.update(
-            job, state=JobState.QUEUED, argv=argv, spec=spec, worker_pid=None, note=note
+            job, state=JobState.QUEUED, argv=argv, spec=spec, worker_pid=None, note=note, slots=[]
         )
         self.progress.forget(out)
 

@@ -73,7 +73,8 @@ async def serve(
         os.replace(tmp, port_file)
     print(
         f"replayer serve: listening on http://{host}:{bound} (data {cfg.data}; "
-        f"{len(cfg.targets.by_name)} target(s); token {source})",
+        f"{len(cfg.targets.by_name)} target(s), {len(cfg.targets.pools)} pool(s); "
+        f"token {source})",
         file=sys.stderr,
         flush=True,
     )

@@ -20,7 +20,10 @@ server owns are refused too: output locations and resuming (``out``,
 ``scrape``, ``api-key-*``, ``target-key``, ``control-key``: a job names configured targets),
 paths outside the request's confined fields (``from-run``), the live
 metrics endpoint (``metrics-port``/``-host``: the scheduler gives each job a
-loopback port), and terminal niceties (``json``, ``quiet``, ``keep-running``).
+loopback port), terminal niceties (``json``, ``quiet``, ``keep-running``),
+and the pool options (``pool``, ``control-pool``, ``servers``, ``gpus``):
+a bisect names a configured pool instead of a target (``"pool": NAME``,
+optionally ``"max_servers": N``), and the scheduler writes its pool file.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from replayer import options
 from replayer.errors import OptionError, ReplayerError, UsageError
 from replayer.options import Spec
 from replayer.service.config import TargetConfig, Targets
+from replayer.service.pools import POOL_FILE, PoolConfig
 
 KINDS = ("replay", "bisect", "verify")
 LAUNCH_KEYS = frozenset({"launch", "restart_cmd", "log_cmd", "control_launch"})
@@ -62,8 +66,9 @@ SERVER_OWNED = frozenset(
         "bundle",
     }
 )
+POOL_OWNED = frozenset({"pool", "control_pool", "servers", "gpus"})
 TOP_LEVEL = frozenset({"kind", "trace", "bundle", "job", "target", "targets", "control"})
-TOP_LEVEL |= {"options", "label"}
+TOP_LEVEL |= {"options", "label", "pool", "max_servers"}
 
 
 class SpecError(ValueError):
@@ -118,6 +123,11 @@ def option_values(kind: str, given: object) -> tuple[list[str], dict[str, Any]]:
                 f"options.{key}: launch commands come only from the server's targets.toml"
             )
         opt = table.get(name)
+        if name in POOL_OWNED or (opt is not None and opt.name in POOL_OWNED):
+            raise SpecError(
+                f"options.{key}: a bisect runs on several servers by naming a pool of "
+                "targets.toml (pool, max_servers)"
+            )
         if name in SERVER_OWNED or (opt is not None and opt.name in SERVER_OWNED):
             raise SpecError(f"options.{key}: set by the server (or by naming a target), not a job")
         if opt is None:
@@ -218,6 +228,9 @@ class JobPlan:
     spec: dict[str, Any]
     """What the worker runs (:func:`replayer.cli.worker.run_spec`): the kind,
     the input, the output, the configured servers and the option values."""
+    pool: str | None = None
+    """The configured pool a bisect runs on (its servers are allotted when it starts)."""
+    max_servers: int | None = None
 
 
 def _names(value: object, what: str) -> list[str]:
@@ -260,29 +273,68 @@ def plan_job(
     label = body.get("label")
     if label is not None and (not isinstance(label, str) or len(label) > 200):
         raise SpecError("label: want a string of at most 200 characters")
+    pool_file = out.parent / POOL_FILE
     try:
-        argv, used, inputs = _plan(kind, body, targets, resolve_input)
+        pool, max_servers = _pool_of(kind, body, targets)
+        argv, used, inputs = _plan(kind, body, targets, resolve_input, pool, pool_file)
         extra, values = option_values(kind, opts)
         argv += extra
         argv.append(f"--out={out}")
+        if pool is not None:
+            values["pool"] = str(pool_file)
         _semantic_checks(kind, values)
     except OptionError as exc:
         raise SpecError(f"options.{exc.param}: {exc.problem}") from None
     except ReplayerError as exc:
         raise SpecError(str(exc)) from None
     confs = [targets.get(n) for n in used]
+    # a bisect holds its server (a target, or none on a pool), then its control
+    server = [] if kind == "replay" or pool is not None else confs[:1]
+    control = confs[len(server) :] if kind == "bisect" else []
     spec = {
         "kind": kind,
         "input": argv[0],
         "out": str(out),
-        "servers": [_conf(c) for c in confs[:1] if kind != "replay"],
+        "servers": [_conf(c) for c in server],
         "endpoints": [_conf(c) for c in confs] if kind == "replay" else [],
-        "control": _conf(confs[1]) if kind == "bisect" and len(confs) > 1 else None,
+        "control": _conf(control[0]) if control else None,
+        "pool": {"name": pool.name, "api_key_env": pool.api_key_env} if pool else None,
         "options": values,
         "resume": False,
         "command": redact_argv([*PREFIX[kind], *argv]),
     }
-    return JobPlan(kind, [*PREFIX[kind], *argv], tuple(used), inputs, dict(opts), spec)
+    return JobPlan(
+        kind,
+        [*PREFIX[kind], *argv],
+        tuple(used),
+        inputs,
+        dict(opts),
+        spec,
+        pool.name if pool is not None else None,
+        max_servers,
+    )
+
+
+def _pool_of(
+    kind: str, body: Mapping[str, Any], targets: Targets
+) -> tuple[PoolConfig | None, int | None]:
+    """The pool a bisect names, and the most of its servers it may hold."""
+    if "pool" not in body:
+        if "max_servers" in body:
+            raise SpecError("max_servers: only with pool (a bisect on a pool of servers)")
+        return None, None
+    if kind != "bisect":
+        raise SpecError(f"pool: only bisect jobs run on a pool, not {kind}")
+    if "target" in body:
+        raise SpecError("pool and target are exclusive: a bisect runs on one of them")
+    pool = targets.pool(body["pool"])
+    n = body.get("max_servers")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= pool.size):
+        raise SpecError(
+            f"max_servers: want a whole number from 1 to {pool.size} (pool {pool.name} "
+            f"has {pool.size} server(s))"
+        )
+    return pool, n
 
 
 def _conf(t: TargetConfig) -> dict[str, Any]:
@@ -305,6 +357,8 @@ def _plan(
     body: Mapping[str, Any],
     targets: Targets,
     resolve_input: Callable[[str, str], tuple[Path, str]],
+    pool: PoolConfig | None = None,
+    pool_file: Path | None = None,
 ) -> tuple[list[str], list[str], dict[str, str]]:
     inputs: dict[str, str] = {}
     if kind == "verify":
@@ -328,17 +382,23 @@ def _plan(
         return [positional, *_replay_targets_argv(confs)], names, inputs
     if "targets" in body:
         raise SpecError(f"{kind}: name one target with target")
-    t = targets.get(body.get("target"))
-    if not t.restartable:
-        raise SpecError(
-            f"target {t.name} has no launch or restart_cmd in targets.toml: a {kind} restarts "
-            "the server after every crash"
-        )
-    argv = [positional, *_lifecycle_argv(t)]
-    used = [t.name]
+    used: list[str] = []
+    if pool is not None:
+        argv = [positional, f"--pool={pool_file}"]
+        if pool.api_key_env is not None:
+            argv.append(f"--api-key-env={pool.api_key_env}")
+    else:
+        t = targets.get(body.get("target"))
+        if not t.restartable:
+            raise SpecError(
+                f"target {t.name} has no launch or restart_cmd in targets.toml: a {kind} "
+                "restarts the server after every crash"
+            )
+        argv = [positional, *_lifecycle_argv(t)]
+        used.append(t.name)
     if kind == "bisect" and body.get("control") is not None:
         c = targets.get(body["control"], "control")
-        if c.name == t.name:
+        if c.name in used:
             raise SpecError("control: must be another target than target")
         used.append(c.name)
         argv.append(f"--control-launch={c.launch}" if c.launch else f"--control={c.name}={c.url}")

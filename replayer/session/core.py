@@ -32,11 +32,13 @@ from replayer._clock import REAL, Clock
 from replayer.errors import LaunchError, OptionError, TargetError, UsageError
 from replayer.monitor.signature import signature_from_log
 from replayer.options.monitor import WatchConfig
+from replayer.options.pool import PoolSpec
 from replayer.options.replay import ReplayPolicy, Selection
 from replayer.options.server import Server
 from replayer.replay.client import Endpoint, is_client_error
 from replayer.replay.run import EXIT_UNREACHABLE, RunOutcome, replay_to_dir
 from replayer.replay.summary import rejection_text
+from replayer.session.pool import Pool, build_slots
 from replayer.session.slot import OWNER_ENV, Slot, owner_token
 from replayer.session.verdict import Chase, NotExercised, Outcome, TrialResult
 from replayer.trace.reader import Trace
@@ -103,6 +105,10 @@ class Session:
     """Plain endpoints (a replay side by side, no lifecycle)."""
     control: Slot | None = None
     """The platform that runs clean, for a bisect's control runs."""
+    pool: Pool | None = None
+    """Servers under test to run trials on at once (instead of ``slot``)."""
+    control_pool: Pool | None = None
+    """The control platform's servers, when it is a pool."""
     chase: Chase = field(default_factory=Chase)
     live: ReplayObserver | None = None
     say: Callable[[str], None] = _stderr
@@ -134,12 +140,16 @@ class Session:
         say: Callable[[str], None] | None = None,
         owner: Path | None = None,
         clock: Clock = REAL,
+        pool: PoolSpec | None = None,
+        control_pool: PoolSpec | None = None,
     ) -> Session:
         """A session over ``trace``'s ``selection`` (or explicit ``rows``).
 
         ``server`` is the one server under test (its log at ``logs/server.log``),
         ``endpoints`` plain URLs instead; ``control`` a clean platform
-        (``logs/control-server.log``). ``owner`` marks launched servers as
+        (``logs/control-server.log``). ``pool`` is several servers under test
+        (trials run on all at once; logs at ``logs/target-server-I.log``),
+        ``control_pool`` the control's. ``owner`` marks launched servers as
         this bisect directory's, so a resume can reap one a kill orphaned."""
         t = open_trace(trace)
         if rows is None:
@@ -169,11 +179,26 @@ class Session:
                 model=model,
                 name=control_name,
             )
+        pools: list[Pool | None] = [None, None]
+        for i, (spec, who) in enumerate(((pool, name), (control_pool, control_name))):
+            if spec is not None:
+                resolved, slots = build_slots(spec, logs=logs, model=model, owner=owner, name=who)
+                state = (
+                    logs / ("servers.json" if i == 0 else "control-servers.json") if logs else None
+                )
+                pools[i] = Pool(slots, name=who, spec=resolved, owner=owner, state_file=state)
         facts: dict[str, Any] = {}
         if server is not None:
             facts = {"launch": server.launch, "restart_cmd": server.restart_cmd}
             if slot is not None:
                 facts["url"] = slot.url
+        if pool is not None:
+            facts = {
+                "launch": pool.launch_template or pool.members[0].server.launch,
+                "servers": len(pool),
+                "pool": pool.source,
+                "slurm": pool.slurm is not None,
+            }
         return cls(
             trace=t,
             rows=got,
@@ -190,6 +215,8 @@ class Session:
             keep_running=server.keep_running if server is not None else False,
             facts=facts,
             server=server,
+            pool=pools[0],
+            control_pool=pools[1],
         )
 
     async def __aenter__(self) -> Self:
@@ -210,13 +237,31 @@ class Session:
         for slot in (self.slot, self.control):
             if slot is not None:
                 await slot.stop()
+        for pool in (self.pool, self.control_pool):
+            if pool is not None:
+                await pool.aclose()
 
     @property
     def model(self) -> str | None:
         return self.trace.model_of(self.rows, self.policy.model)
 
-    def variant(self, launch: str, log_path: Path) -> Slot:
-        """A slot like the one under test, launched with another command (``--vary``)."""
+    def variant(self, launch: str, log_path: Path, server: int = 0) -> Slot:
+        """A slot like the one under test, launched with another command
+        (``--vary``); on a pool, in the place of its server ``server`` (its
+        port, GPUs or Slurm job), the launch a template as the pool's."""
+        if self.pool is not None and self.pool.spec is not None:
+            from replayer.session.pool import build_slot
+
+            return build_slot(
+                self.pool.spec,
+                server % len(self.pool),
+                logs=None,
+                model=self.model,
+                owner=self.pool.owner,
+                name=f"{self.pool.name}-variant",
+                launch=launch,
+                log=log_path,
+            )
         if self.slot is None or self.server is None:
             raise OptionError("vary", "needs a launched server")
         t = self.slot.target
@@ -227,6 +272,11 @@ class Session:
             marks=getattr(t, "marks", None),
             launch=launch,
         )
+
+    @property
+    def width(self) -> int:
+        """Servers that can run at once (a pool's, else one)."""
+        return self.pool.usable if self.pool is not None else 1
 
     # -- running ------------------------------------------------------------------
 
@@ -283,6 +333,7 @@ class Session:
         except (LaunchError, TargetError) as exc:
             slot.needs_restart = True
             return TrialResult(Outcome.INFRA, None, message=str(exc))
+        slot.fresh = False  # this trial's requests are in it now
         run = await replay_to_dir(
             trace,
             rows,
@@ -321,6 +372,9 @@ class Session:
             # the port closed before the process finished exiting: its status
             # belongs in the signature, and comes within seconds
             exit_info = await slot.target.exit_after(EXIT_WAIT)
+        lost = getattr(slot.target, "lost", None)  # a Slurm job the scheduler ended
+        if lost:
+            return TrialResult(Outcome.INFRA, run, message=lost)
         log = await slot.target.collect_log()
         ids = trace.column("request_id")
         sig = None
@@ -376,11 +430,12 @@ class Session:
         """Start the server under test and read what it says of itself (versions,
         model, engine flags) into :attr:`facts`: a courtesy for the bundle, so
         a failure here is noted, never raised (the trials report real ones)."""
-        if self.slot is None:
+        slot = self.slot or (self.pool.slots[0] if self.pool is not None else None)
+        if slot is None:
             return self.facts
         try:
-            await self.slot.prepare()
-            got = await self.slot.target.facts()
+            await slot.prepare()
+            got = await slot.target.facts()
             self.facts.update({k: v for k, v in got.to_dict().items() if v})
         except Exception as exc:
             self.facts["facts_error"] = str(exc)[:300]

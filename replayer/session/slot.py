@@ -41,6 +41,9 @@ class Slot:
     with SIGKILL can reap its orphaned server when it resumes."""
     started: bool = False
     needs_restart: bool = True
+    fresh: bool = False
+    """Made ready for a trial and not used since: the next :meth:`prepare` is
+    a no-op (a pool refreshes a server in the background after its trial)."""
 
     @classmethod
     def of(
@@ -77,11 +80,15 @@ class Slot:
 
     async def prepare(self) -> None:
         """Make the target fresh enough for the next trial."""
+        if self.fresh and not self.needs_restart:
+            return
         try:
             await self._prepare()
         except BaseException:
             self.needs_restart = True  # whatever state it is in, start over next time
+            self.fresh = False
             raise
+        self.fresh = True
 
     async def _prepare(self) -> None:
         t = self.target
@@ -118,6 +125,7 @@ class Slot:
         await self.target.stop()
         self.started = False
         self.needs_restart = True
+        self.fresh = False
 
 
 def _cmdline(pid: int) -> str:

@@ -213,8 +213,8 @@ class LaunchedTarget(ServerTarget):
         self._exit = None
         self._exited = asyncio.Event()
         with self.log_file.open("ab") as out:
-            try:
-                proc = await asyncio.to_thread(
+            launch = spawn(
+                asyncio.to_thread(
                     subprocess.Popen,
                     self.argv,
                     stdin=subprocess.DEVNULL,
@@ -223,7 +223,19 @@ class LaunchedTarget(ServerTarget):
                     env={**os.environ, **self.env, **self.marks},
                     cwd=self.cwd,
                     start_new_session=True,
-                )
+                ),
+                name="target-launch",
+            )
+            try:
+                proc = await asyncio.shield(launch)
+            except asyncio.CancelledError:
+                # the launch goes on in its thread: hold the process it makes,
+                # so stop() ends it (a pool closed mid-restart leaked it)
+                with contextlib.suppress(Exception):
+                    proc = await launch
+                    self._proc, self._pgid = proc, proc.pid
+                    _LIVE.add(self)
+                raise
             except OSError as exc:
                 out.write(f"replayer: cannot launch: {exc}\n".encode())
                 self._proc = None

@@ -336,3 +336,100 @@ async def test_a_flaky_crash_bundle_crashes_fresh_servers_at_its_reported_rate(
     print(f"\nflaky bundle: stated {rep['text']}; fresh servers {got['text']}")
     assert got["low"] <= rep["high"] and rep["low"] <= got["high"], (got, rep)
     assert 0 < crashed < fresh
+
+
+# -- a pool of emulator servers: the same answers in fewer rounds ------------------------
+
+
+def pooled_cmd(*faults):
+    """An emulator launch for ``--servers N``: ``{port}`` per server."""
+    words = shlex.split(emulator_cmd(*faults))
+    words[words.index("--port") + 1] = "{port}"
+    return shlex.join(words)
+
+
+async def pool_bisect(out, trace, launch, servers, opts, **kw):
+    from replayer.options.pool import PoolSpec
+
+    env = Session.open(
+        trace,
+        policy=ReplayPolicy(timing=Timing.ASAP),
+        watch=WATCH,
+        pool=PoolSpec.like(Server(launch=launch), servers),
+        logs=out,
+    )
+    b = Bisect(trace, select(trace), env, out, opts, say=lambda m: None, **kw)
+    return b, await run_bisect(b)
+
+
+def busiest(b, stage=None):
+    """Trials of the server that ran the most: the rounds on the critical path
+    (each server runs one trial at a time), read from the journal."""
+    per: dict[int | None, int] = {}
+    for r in b.oracle.history():
+        if stage is None or r.stage == stage:
+            per[r.server] = per.get(r.server, 0) + 1
+    return max(per.values()), set(per)
+
+
+@pytest.mark.slow
+async def test_three_servers_find_the_same_prefix_in_fewer_rounds(tmp_path):
+    t = synth(tmp_path, sessions=5, turns=6, context=8_000, rate=50, think=0.0, seed=3)
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix"), calibrate_matches=2, calibrate_runs=4, confirm=3
+    )
+    launch = pooled_cmd("exit after=0.2 when request=17")
+    one, r1 = await pool_bisect(tmp_path / "one", t, launch, 1, opts)
+    three, r3 = await pool_bisect(tmp_path / "three", t, launch, 3, opts)
+    assert one.prefix_length == three.prefix_length == 17
+    assert r1.best.positions == r3.best.positions
+    assert r1.reproduction == r3.reproduction == (3, 3)
+    rounds1, servers1 = busiest(one)
+    rounds3, servers3 = busiest(three)
+    assert servers1 == {0} and servers3 == {0, 1, 2}  # the journal says who ran what
+    assert rounds3 < rounds1
+    assert r3.trials <= 2 * r1.trials
+
+
+@pytest.mark.slow
+async def test_three_servers_find_a_flaky_trigger_exactly(tmp_path):
+    # five triggers (requests 8-12) at p = 0.5, each server launching with
+    # seeds of its own (bench/bisect_launcher.py counts its launches per server)
+    fault = "exit after=0.1 when request>=8 and request<=12 p=0.5"
+    t = synth(tmp_path, sessions=4, turns=5, context=4_000, rate=20, think=0.0, seed=22)
+    launch = shlex.join(
+        [sys.executable, str(REPO / "bench" / "bisect_launcher.py"),
+         str(tmp_path / "launches-{slot}"), "{slot}000", "--port", "{port}",
+         "--speed", "instant", "--fault", fault]
+    )  # fmt: skip
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix"), calibrate_matches=5, calibrate_runs=12, confirm=6
+    )
+    b, res = await pool_bisect(tmp_path / "b", t, launch, 3, opts)
+    assert res.status == "complete" and b.prefix_length == 8
+    assert res.reproduction[1] == 6 and res.reproduction[0] > 0
+    assert busiest(b)[1] == {0, 1, 2}
+
+
+@pytest.mark.slow
+async def test_a_three_server_bisect_resumes_on_one_server(tmp_path):
+    t = synth(tmp_path, sessions=5, turns=6, context=8_000, rate=50, think=0.0, seed=3)
+    launch = pooled_cmd("exit after=0.2 when request=17")
+    stages = ("calibrate", "cut", "prefix")
+    out = tmp_path / "b"
+    cut_short = BisectOptions(
+        stages=stages, calibrate_matches=2, calibrate_runs=4, confirm=2, max_trials=7
+    )
+    b, res = await pool_bisect(out, t, launch, 3, cut_short)
+    assert res.status != "complete"
+    before = {r.trial: r.key for r in b.oracle.history()}
+    assert len({r.server for r in b.oracle.history()}) > 1
+    opts = BisectOptions(stages=stages, calibrate_matches=2, calibrate_runs=4, confirm=2)
+    again, res = await pool_bisect(out, t, launch, 1, opts)
+    assert res.status == "complete" and again.prefix_length == 17
+    after = [(r.trial, r.key) for r in again.oracle.history()]
+    # every trial of the three-server run kept, none run again: new numbers only
+    assert {n: k for n, k in after if n in before} == before
+    assert len({n for n, _ in after}) == len(after)
+    new = [r for r in again.oracle.history() if r.trial not in before]
+    assert new and {r.server for r in new} == {0}

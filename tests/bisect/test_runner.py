@@ -34,6 +34,7 @@ from tests.helpers.bisect import (
     SESSIONS,
     Killed,
     PlantedPair,
+    PooledPair,
     bisect,
     probes_of_binary_search,
     write_trace,
@@ -361,3 +362,111 @@ async def test_no_bundle_when_asked_for_none(trace, tmp_path):
     res = await run_bisect(bisect(trace, tmp_path / "b", PlantedPair(), opts))
     assert res.status == "complete" and res.bundle is None
     assert not (tmp_path / "b" / "bundle").exists()
+
+
+# -- a pool: trials on several servers at once ----------------------------------------
+
+
+async def _pooled(trace, out, width, **kw):
+    from replayer.testing import VirtualClock
+
+    clock = VirtualClock()
+    runner = PooledPair(width=width, clock=clock, **kw)
+    b = bisect(trace, out, runner, clock=clock)
+    res = await run_bisect(b)
+    return b, res, runner, clock.now()
+
+
+@pytest.mark.parametrize("width", [2, 3, 5])
+async def test_a_pool_finds_the_same_pair_in_fewer_rounds(trace, tmp_path, width):
+    one, res1, r1, wall1 = await _pooled(trace, tmp_path / "one", 1)
+    b, res, runner, wall = await _pooled(trace, tmp_path / f"w{width}", width)
+    assert (
+        ids_of(trace, b, res.best.positions)
+        == list(PAIR)
+        == ids_of(trace, one, res1.best.positions)
+    )
+    assert (res.best.timing, res.best.speed) == (res1.best.timing, res1.best.speed)
+    assert b.prefix_length == one.prefix_length == 16
+    assert res.reproduction == res1.reproduction == (OPTS.confirm, OPTS.confirm)
+    assert r1.peak == 1 and 1 < runner.peak <= width  # never more trials than servers
+    # rounds: the instants trials start at; each of the pool's rounds runs several
+    rounds, rounds1 = len(set(runner.started)), len(set(r1.started))
+    assert rounds < rounds1 and wall < wall1
+    assert res.trials <= 2 * res1.trials
+    # the journal says which server ran each trial
+    servers = {e["record"]["server"] for e in journal(tmp_path / f"w{width}")
+               if e["event"] == "trial"}  # fmt: skip
+    assert servers == set(range(width))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_pool_finds_a_flaky_pair(trace, tmp_path, seed):
+    from replayer.testing import VirtualClock
+
+    clock = VirtualClock()
+    runner = PooledPair(width=3, clock=clock, p=0.5, seed=seed)
+    opts = BisectOptions(calibrate_matches=5, calibrate_runs=12, confirm=10)
+    b = bisect(trace, tmp_path / "b", runner, opts, clock=clock)
+    res = await run_bisect(b)
+    assert res.status == "complete"
+    assert ids_of(trace, b, res.best.positions) == list(PAIR)
+    assert res.reproduction[1] == 10 and runner.peak == 3
+
+
+async def test_a_pool_bisect_resumes_on_one_server_without_repeating_a_trial(trace, tmp_path):
+    from replayer.testing import VirtualClock
+
+    out = tmp_path / "b"
+    ref, ref_res, _, _ = await _pooled(trace, tmp_path / "ref", 1)
+    clock = VirtualClock()
+    killed = PooledPair(width=3, clock=clock, kill_at=9)
+    with pytest.raises(Killed):
+        await bisect(trace, out, killed, clock=clock).run()
+    finished = {(e["record"]["trial"], e["record"]["key"]) for e in journal(out)
+                if e["event"] == "trial"}  # fmt: skip
+    clock = VirtualClock()
+    again = PooledPair(width=1, clock=clock)
+    b = bisect(trace, out, again, clock=clock)
+    res = await run_bisect(b)
+    assert (
+        ids_of(trace, b, res.best.positions)
+        == list(PAIR)
+        == ids_of(trace, ref, ref_res.best.positions)
+    )
+    # no finished trial ran again: every number the killed run journaled is
+    # in the final journal once, and the resumed runs are numbered after them
+    numbers = [e["record"]["trial"] for e in journal(out) if e["event"] == "trial"]
+    assert len(numbers) == len(set(numbers))
+    assert finished <= {(e["record"]["trial"], e["record"]["key"]) for e in journal(out)
+                        if e["event"] == "trial"}  # fmt: skip
+    assert min(c.number for c in again.calls) > max(n for n, _ in finished)
+
+
+async def test_a_pool_plan_says_its_wall_time_and_what_one_more_server_saves(trace, tmp_path):
+    from replayer.testing import VirtualClock
+
+    said: dict[int, list[str]] = {}
+    for width in (1, 3):
+        clock = VirtualClock()
+        b = bisect(trace, tmp_path / f"w{width}", PooledPair(width=width, clock=clock), clock=clock)
+        said[width] = []
+        b.say = said[width].append
+        await run_bisect(b)
+    one = next(m for m in said[1] if m.startswith("== plan:"))
+    three = next(m for m in said[3] if m.startswith("== plan:"))
+    # one server: trials one after another; a restart (900 s) after each crash
+    assert re.search(r": ~\d+ trials \(~[\d.]+ h\); a trial takes ~\d+ min after a crash", one), one
+    assert re.search(r"one more server would save ~[\d.]+ (min|s|h)", one), one
+    # its wall time once a server has been seen restarting (on a pool, restarts
+    # overlap other trials: no trial's own duration says what a round costs)
+    pattern = (
+        r": ~(\d+) trials in ~(\d+) rounds on 3 servers"
+        r"(; timed once a server has restarted| \(~[\d.]+ (h|min)\); a trial takes)"
+    )
+    m = re.search(pattern, three)
+    assert m is not None and int(m[2]) < int(m[1]), three
+    # the progress line names the server a trial ran on, and once a server has
+    # restarted, the wall time left
+    assert any(re.match(r"trial +\d+ \[\w+\] on server [012] ", s) for s in said[3])
+    assert re.search(r"~\d+ trials left \(~[\d.]+ (h|min)\)", said[3][-3]), said[3][-3]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replayer.bisect.oracle import Budget, BudgetExhausted, Candidate, Oracle, Outcome
-from replayer.bisect.search import bisect_reduce, shortest_prefix
+from replayer.bisect.search import bisect_reduce, points, race, shortest_prefix
 from replayer.testing.fakes import FakeRunner
 from tests.helpers.bisect import probes_of_binary_search
 
@@ -228,3 +228,87 @@ def record(cand, crashed, oracle):
         stage="test",
         outcome=Outcome.MATCH if crashed else Outcome.PASS,
     )
+
+
+# -- k servers: a (k+1)-ary search, moot probes cancelled --------------------------------
+
+
+def test_points_spread_a_round_evenly():
+    assert points(0, 100, 1) == [50]
+    assert points(0, 100, 3) == [25, 50, 75]
+    assert points(10, 14, 8) == [11, 12, 13]  # never more probes than lengths left
+    assert points(4, 5, 3) == []
+
+
+@given(n=st.integers(2, 300), data=st.data())
+@settings(max_examples=40, deadline=None)
+async def test_a_wide_prefix_search_is_exact_in_fewer_rounds(n, data):
+    h = data.draw(st.integers(1, n))
+    width = data.draw(st.integers(1, 8))
+    probes: list[int] = []
+
+    async def crashes(prefix):
+        probes.append(len(prefix))
+        return len(prefix) >= h
+
+    assert await shortest_prefix(list(range(n)), (), crashes, width=width) == h
+    # at most `width` probes a round, and log(n)/log(width+1) rounds (+1: the floors)
+    rounds = math.ceil(math.log(n) / math.log(width + 1)) + 1
+    assert len(probes) <= width * rounds
+    if width == 1:
+        assert len(probes) <= math.ceil(math.log2(n))
+
+
+async def test_race_cancels_a_probe_another_made_moot():
+    import asyncio
+
+    from replayer.testing import VirtualClock
+
+    clock = VirtualClock()
+    finished: list[int] = []
+    cancelled: list[int] = []
+
+    async def run(m):
+        try:
+            await clock.sleep(m)  # a longer prefix takes longer
+        except asyncio.CancelledError:
+            cancelled.append(m)
+            raise
+        finished.append(m)
+        return m >= 20  # the crash is at 20
+
+    got = await race(
+        [10, 20, 30, 40],
+        run,
+        lambda m, crashed, other: other > m if crashed else other < m,
+    )
+    # 20 crashed at t=20: 30 and 40 could only crash too, so they were stopped
+    assert got == [(10, False), (20, True)] and finished == [10, 20]
+    assert sorted(cancelled) == [30, 40] and clock.now() == 20
+
+
+async def test_race_with_a_limit_runs_at_most_that_many_at_once():
+    import asyncio
+
+    running, peak = 0, 0
+
+    async def run(x):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0)
+        running -= 1
+        return x
+
+    got = await race(list(range(7)), run, limit=3)
+    assert sorted(x for x, _ in got) == list(range(7)) and peak == 3
+
+
+async def test_a_wide_bisect_reduce_finds_the_same_culprits():
+    culprits = {3, 41, 77}
+
+    async def crashes(subset):
+        return culprits <= set(subset)
+
+    for width in (1, 2, 4, 8):
+        assert await bisect_reduce(list(range(100)), (), crashes, width=width) == (3, 41, 77)

@@ -4,6 +4,7 @@ the bisect's hook that puts the table in the manifest and the README."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,15 +421,23 @@ class FakeSlot:
 class FakeSession:
     """What ``run_plan`` asks of a session: a slot per variant, trials on it."""
 
-    def __init__(self):
+    def __init__(self, width=1):
+        self.width = width
         self.envs: list[FakeSlot] = []
+        self.servers: dict[str, int] = {}
+        self.running = self.peak = 0
 
-    def variant(self, cmd, log_path):
+    def variant(self, cmd, log_path, server=0):
         self.envs.append(FakeSlot(cmd))
+        self.servers[cmd] = server
         return self.envs[-1]
 
     async def trial(self, out, *, rows, slot, policy=None, trace=None, chase=None):
         slot.runs.append(out)
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        await asyncio.sleep(0)  # the other lanes' trials start meanwhile
+        self.running -= 1
         if "--bad" in slot.cmd:
             return TrialResult(Outcome.INFRA, None, message="cannot launch: --bad")
         if "--no-enable-prefix-caching" in slot.cmd:
@@ -522,3 +531,20 @@ async def test_the_bisect_hook_fills_the_manifest_and_opens_the_readme(tmp_path)
         "| no-speculative-decoding | - | - | - | skipped: speculative decoding "
         "is not configured (no --speculative-config) |"
     )
+
+
+async def test_on_a_pool_the_variants_run_side_by_side_in_the_servers_places(tmp_path):
+    plan = make_plan(["default:no-prefix-caching,enforce-eager"], VLLM, 2, environ={})
+    one, two = FakeSession(), FakeSession(width=2)
+    r1 = await vary.run_plan(plan, [0, 1], tmp_path / "1", one, key="k", say=lambda m: None)
+    r2 = await vary.run_plan(plan, [0, 1], tmp_path / "2", two, key="k", say=lambda m: None)
+    # the same report, in the plan's order, whatever ran first
+    assert r1 == r2
+    assert [v["verdict"] for v in r2["variants"]] == ["quiet", "crashes"]  # 2 runs: not apart
+    assert one.peak == 1 and two.peak == 2
+    # the control on server 0, then one variant in each server's place
+    assert two.servers == {
+        VLLM: 0,
+        VLLM + " --no-enable-prefix-caching": 0,
+        VLLM + " --enforce-eager": 1,
+    }

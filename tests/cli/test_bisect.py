@@ -4,6 +4,7 @@ and ends with the same answer; ``bundle verify`` reports the bundle's rate."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -147,6 +148,51 @@ def test_killed_bisect_resumes_without_repeating_trials(tmp_path):
 
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.slow
+def test_a_killed_pool_bisect_resumes_and_stops_the_servers_it_left(tmp_path):
+    trace = tmp_path / "t.arrow"
+    write_trace(
+        trace,
+        SynthOptions(sessions=5, turns=6, context=8_000, rate=50, think=0.0, max_tokens=4,
+                     model=MODEL, seed=3),
+    )  # fmt: skip
+    out = tmp_path / "b"
+    ports = [free_port(), free_port()]
+    pool = tmp_path / "pool.toml"
+    # [[server]] tables: each on a port the test knows, to check it is closed
+    pool.write_text(
+        "".join(
+            f"[[server]]\nlaunch = {json.dumps(emulator(p, 'exit after=0.2 when request=17'))}\n"
+            for p in ports
+        )
+    )
+    args = ["--pool", str(pool), "--confirm", "2", "--stages", "calibrate,cut,prefix", *FAST]
+    cmd = [sys.executable, "-m", "replayer", "bisect", str(trace), "--out", str(out), *args]
+    with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if sum(e["event"] == "trial" for e in journal(out / "journal.jsonl")) >= 4:
+                break
+            time.sleep(0.05)  # polling the journal file (bounded above)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert sorted(p.name for p in out.glob("*.pid")) == [
+        "target-server-0.pid",
+        "target-server-1.pid",
+    ]
+    res = run("bisect", trace, "--out", out, "--resume", *args)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "stopped the server(s) a killed bisect left running" in res.stderr
+    m = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
+    assert m["prefix_length"] == 17
+    import socket
+
+    for port in ports:  # neither the orphans nor the resumed run's servers are left
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 def test_bisect_usage_errors(tmp_path):

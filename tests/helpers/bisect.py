@@ -9,8 +9,10 @@ from __future__ import annotations
 import random
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from replayer._async import Signal
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions
 from replayer.bisect.runner import Observation, Trial
@@ -118,3 +120,56 @@ def emulator_cmd(*faults, extra=()):
     for f in faults:
         args += ["--fault", f]
     return shlex.join(args)
+
+
+@dataclass
+class PooledPair(PlantedPair):
+    """:class:`PlantedPair` on ``width`` servers in virtual time, as a pool
+    runs them: a trial takes ``per_request`` seconds a replayed request; a
+    server whose trial crashed restarts in the background (``restart``
+    seconds, a model load) and is lent out again once ready, a ready server
+    first. ``started`` holds each trial's start (virtual seconds), ``peak``
+    the most trials that ran at once."""
+
+    width: int = 1
+    clock: Any = None
+    per_request: float = 0.5
+    restart: float = 900.0
+    started: list[float] = field(default_factory=list)
+    peak: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._ready_at = [0.0] * self.width
+        self._busy = [False] * self.width
+        self._free = Signal()
+
+    async def _take(self) -> int:
+        while all(self._busy):
+            await self._free.wait()
+        free = [i for i in range(self.width) if not self._busy[i]]
+        server = min(free, key=lambda i: (self._ready_at[i], i))
+        self._busy[server] = True
+        try:
+            await self.clock.sleep_until(self._ready_at[server])
+        except BaseException:
+            self._give(server)  # cancelled while the server started
+            raise
+        return server
+
+    def _give(self, server: int) -> None:
+        self._busy[server] = False
+        self._free.fire()
+
+    async def run(self, trial: Trial) -> Observation:
+        server = await self._take()
+        self.peak = max(self.peak, sum(self._busy))
+        try:
+            self.started.append(self.clock.now())
+            await self.clock.sleep(self.per_request * len(trial.rows))
+            obs = await super().run(trial)
+            if obs.outcome is Outcome.MATCH:
+                self._ready_at[server] = self.clock.now() + self.restart
+            return replace(obs, server=server)
+        finally:
+            self._give(server)

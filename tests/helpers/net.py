@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 
 
@@ -19,3 +20,24 @@ def accepting(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive loopback ports free right now (a pool
+    file's ``port``: server i listens on port + i)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 60_000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports")

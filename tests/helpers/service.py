@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 
 import httpx
 
@@ -61,3 +62,30 @@ class Serve:
 
     def close(self):
         self.client.close()
+
+
+FAULT = "exit after=0.2 when cached_tokens>=5000 and prompt_tokens>=7000"
+"""The planted crash of the service's bisect tests: needs a cache hit."""
+OPTIONS = {
+    "timing": "asap",
+    "settle": 3,
+    "grace": 0.5,
+    "health-interval": 0.1,
+    "calibrate": 2,
+    "calibrate-runs": 4,
+    "confirm": 1,
+    "stages": "calibrate,cut,prefix,sessions,turns",
+}
+"""A bisect job's options, quick on the emulator."""
+TERMINAL = {"finished", "failed", "cancelled", "interrupted"}
+
+
+def poll(fn, what, timeout=120.0):
+    """Call ``fn`` until it returns a truthy value; bounded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.05)  # polling observable state (the job's status), bounded above
+    raise AssertionError(f"timed out waiting for {what}")

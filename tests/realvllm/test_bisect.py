@@ -25,9 +25,9 @@ from replayer.testing.vllm import VLLMServer, cache_hit_fault, free_port, serve_
 from tests.helpers.realvllm import cli
 
 
-def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh_server(
-    vllm_env, vllm_models, vllm_shared, traces, tmp_path
-):
+def armed(vllm_shared, tmp_path):
+    """Nine requests, replayed clean on the shared server, and the fault rule
+    read off that replay: (trace, its rows, the fault)."""
     trace = tmp_path / "nine.arrow"
     res = cli(
         "synth",
@@ -45,8 +45,14 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         *("--max-inflight", 1, "--out", tmp_path / "clean", "--quiet"),
     )
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    clean_rows = read_results(tmp_path / "clean" / "results.arrow")
-    fault = cache_hit_fault(clean_rows, room=True)
+    rows = read_results(tmp_path / "clean" / "results.arrow")
+    return trace, rows, cache_hit_fault(rows, room=True)
+
+
+def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh_server(
+    vllm_env, vllm_models, vllm_shared, traces, tmp_path
+):
+    trace, clean_rows, fault = armed(vllm_shared, tmp_path)
     rule = fault.rule
     need_prompt, need_hit = map(int, re.findall(r">=(\d+)", rule))
     recorded = next(r for r in clean_rows if r["request_id"] == fault.trigger)
@@ -182,3 +188,42 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
     finally:
         srv.stop()
     assert "Triton Error [HIP]: Code: 700" in Path(srv.log_path).read_text()
+
+
+def test_two_vllm_servers_bisect_the_same_pair(vllm_env, vllm_models, vllm_shared, tmp_path):
+    """The injected crash above, bisected on a pool of two real vLLM servers
+    (``--servers 2``, a launch with ``{port}``): the same pair, trials on both
+    servers, and no server left running."""
+    trace, _, fault = armed(vllm_shared, tmp_path)
+    launch = serve_command(
+        vllm_env,
+        vllm_models["llama"],
+        0,
+        served_name="tiny-llama",
+        extra=("--enforce-eager",),
+        environ={"VLLM_SERVER_DEV_MODE": "1", "REPLAYER_VLLM_FAULTS": fault.rule},
+    ).replace("--port 0", "--port {port}")
+    assert "--port {port}" in launch
+    out = tmp_path / "bisect"
+    started = time.monotonic()
+    bis = cli(
+        "bisect",
+        trace,
+        *("--servers", 2, "--launch", launch, "--model", "tiny-llama", "--timing", "asap"),
+        *("--out", out, "--calibrate", 1, "--confirm", 2, "--reset", "prefix-cache"),
+        *("--stages", "calibrate,cut,prefix,sessions,turns"),
+        timeout=1200,
+    )
+    took = time.monotonic() - started
+    assert bis.returncode == 0, bis.stdout + bis.stderr
+    manifest = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
+    assert manifest["requests"] == list(fault.culprits)
+    assert manifest["signature"]["class"] == "process_exit"
+    trials = [
+        orjson.loads(line)["record"]
+        for line in (out / "journal.jsonl").read_text().splitlines()
+        if orjson.loads(line).get("event") == "trial"
+    ]
+    assert {t["server"] for t in trials} == {0, 1}
+    assert (out / "target-server-0.log").exists() and (out / "target-server-1.log").exists()
+    print(f"\nreal-vLLM pool bisect (2 servers): {len(trials)} trials in {took:.0f} s")
