@@ -349,6 +349,7 @@ class Oracle:
             list(range(n)),
             lambda _: self.run_once(cand, stage),
             (lambda _i, rec, _j: until(rec)) if until is not None else None,
+            limit=self.width,  # never more trials at once than servers
         )
         return [rec for _, rec in got]
 

@@ -22,6 +22,7 @@ milliseconds, with no server at all.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -144,6 +145,8 @@ class SessionRunner:
         self.session = session
         self.pool = pool if pool is not None else (session.pool if slot is None else None)
         self.slot = slot or session.slot
+        self._one = asyncio.Lock()
+        """One server runs one trial at a time, whatever the caller asks."""
 
     @property
     def width(self) -> int:
@@ -151,7 +154,8 @@ class SessionRunner:
 
     async def run(self, trial: Trial) -> Observation:
         if self.pool is None:
-            return await self._run(trial, self.slot, None)
+            async with self._one:
+                return await self._run(trial, self.slot, None)
         async with self.pool.lease(trial.number) as slot:
             return await self._run(trial, slot, self.pool.slots.index(slot))
 

@@ -45,7 +45,7 @@ async def calibrate(b: Search) -> None:
         # 1 in 128)
         need = o.calibrate_matches - c[Outcome.MATCH]
         want = min(room, need if width == 1 else width if width == 2 else width - 1)
-        await b.oracle.run_many(full, max(1, want), "calibrate")
+        await b.oracle.run_many(full, max(1, min(want, width)), "calibrate")
     c = b.oracle.counts(full)
     if not c[Outcome.MATCH]:
         runs = sum(c.values()) - c[Outcome.INFRA]

@@ -392,23 +392,31 @@ async def test_three_servers_find_the_same_prefix_in_fewer_rounds(tmp_path):
 
 
 @pytest.mark.slow
-async def test_three_servers_find_a_flaky_trigger_exactly(tmp_path):
+async def test_three_servers_find_a_flaky_trigger_exactly_in_fewer_rounds(tmp_path):
     # five triggers (requests 8-12) at p = 0.5, each server launching with
     # seeds of its own (bench/bisect_launcher.py counts its launches per server)
     fault = "exit after=0.1 when request>=8 and request<=12 p=0.5"
     t = synth(tmp_path, sessions=4, turns=5, context=4_000, rate=20, think=0.0, seed=22)
-    launch = shlex.join(
-        [sys.executable, str(REPO / "bench" / "bisect_launcher.py"),
-         str(tmp_path / "launches-{slot}"), "{slot}000", "--port", "{port}",
-         "--speed", "instant", "--fault", fault]
-    )  # fmt: skip
+
+    def launch(base):
+        return shlex.join(
+            [sys.executable, str(REPO / "bench" / "bisect_launcher.py"),
+             str(tmp_path / f"launches-{base}-{{slot}}"), f"{base}{{slot}}000", "--port",
+             "{port}", "--speed", "instant", "--fault", fault]
+        )  # fmt: skip
+
     opts = BisectOptions(
         stages=("calibrate", "cut", "prefix"), calibrate_matches=5, calibrate_runs=12, confirm=6
     )
-    b, res = await pool_bisect(tmp_path / "b", t, launch, 3, opts)
-    assert res.status == "complete" and b.prefix_length == 8
-    assert res.reproduction[1] == 6 and res.reproduction[0] > 0
-    assert busiest(b)[1] == {0, 1, 2}
+    one, r1 = await pool_bisect(tmp_path / "one", t, launch(1), 1, opts)
+    three, r3 = await pool_bisect(tmp_path / "three", t, launch(2), 3, opts)
+    for b, res in ((one, r1), (three, r3)):
+        assert res.status == "complete" and b.prefix_length == 8
+        assert res.reproduction[1] == 6 and res.reproduction[0] > 0
+    rounds1, servers1 = busiest(one)
+    rounds3, servers3 = busiest(three)
+    assert servers1 == {0} and servers3 == {0, 1, 2}
+    assert rounds3 < rounds1
 
 
 @pytest.mark.slow

@@ -390,6 +390,7 @@ async def test_a_pool_finds_the_same_pair_in_fewer_rounds(trace, tmp_path, width
     assert b.prefix_length == one.prefix_length == 16
     assert res.reproduction == res1.reproduction == (OPTS.confirm, OPTS.confirm)
     assert r1.peak == 1 and 1 < runner.peak <= width  # never more trials than servers
+    assert r1.asked_peak == 1 and runner.asked_peak <= width  # nor asked for
     # rounds: the instants trials start at; each of the pool's rounds runs several
     rounds, rounds1 = len(set(runner.started)), len(set(r1.started))
     assert rounds < rounds1 and wall < wall1

@@ -137,12 +137,16 @@ class PooledPair(PlantedPair):
     restart: float = 900.0
     started: list[float] = field(default_factory=list)
     peak: int = 0
+    asked_peak: int = 0
+    """The most trials the bisect asked for at once (before any wait for a
+    server): never more than ``width``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._ready_at = [0.0] * self.width
         self._busy = [False] * self.width
         self._free = Signal()
+        self._asked = 0
 
     async def _take(self) -> int:
         while all(self._busy):
@@ -162,7 +166,12 @@ class PooledPair(PlantedPair):
         self._free.fire()
 
     async def run(self, trial: Trial) -> Observation:
-        server = await self._take()
+        self._asked += 1
+        self.asked_peak = max(self.asked_peak, self._asked)
+        try:
+            server = await self._take()
+        finally:
+            self._asked -= 1
         self.peak = max(self.peak, sum(self._busy))
         try:
             self.started.append(self.clock.now())
