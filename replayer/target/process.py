@@ -164,6 +164,7 @@ class LaunchedTarget(ServerTarget):
         self._exit: ExitInfo | None = None
         self._exited = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
+        self._launching: asyncio.Task[subprocess.Popen[bytes] | OSError] | None = None
         self._started = 0.0
 
     # -- state ---------------------------------------------------------------------------
@@ -212,10 +213,33 @@ class LaunchedTarget(ServerTarget):
         self._begin_segment(launch_marker(self.launches, redact_command(self.command_text())))
         self._exit = None
         self._exited = asyncio.Event()
-        with self.log_file.open("ab") as out:
-            launch = spawn(
-                asyncio.to_thread(
-                    subprocess.Popen,
+        launch = spawn(asyncio.to_thread(self._popen), name="target-launch")
+        self._launching = launch
+        try:
+            proc = await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # the launch goes on in its thread: the process it makes is ours
+            # to stop (a pool closed mid-restart would leak it otherwise)
+            launch.add_done_callback(self._adopt)
+            raise
+        if isinstance(proc, OSError):
+            with contextlib.suppress(OSError), self.log_file.open("ab") as out:
+                out.write(f"replayer: cannot launch: {proc}\n".encode())
+            self._proc = None
+            raise LaunchError(f"cannot launch {self.argv[0]!r}: {proc.strerror or proc}")
+        self._proc, self._pgid = proc, proc.pid
+        self._started = self.clock.now()
+        _LIVE.add(self)
+        self._watcher = spawn(self._watch(proc, self._exited), name=f"target-exit-{proc.pid}")
+        log.info("launched %s (pid %d, launch %d)", self.argv[0], proc.pid, self.launches)
+
+    def _popen(self) -> subprocess.Popen[bytes] | OSError:
+        """In a thread: the log is opened here, so a cancelled start never
+        closes it under a launch still going on. An OSError is returned (a
+        bad command is one line, not a background task's traceback)."""
+        try:
+            with self.log_file.open("ab") as out:
+                return subprocess.Popen(
                     self.argv,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -223,30 +247,18 @@ class LaunchedTarget(ServerTarget):
                     env={**os.environ, **self.env, **self.marks},
                     cwd=self.cwd,
                     start_new_session=True,
-                ),
-                name="target-launch",
-            )
-            try:
-                proc = await asyncio.shield(launch)
-            except asyncio.CancelledError:
-                # the launch goes on in its thread: hold the process it makes,
-                # so stop() ends it (a pool closed mid-restart leaked it)
-                with contextlib.suppress(Exception):
-                    proc = await launch
-                    self._proc, self._pgid = proc, proc.pid
-                    _LIVE.add(self)
-                raise
-            except OSError as exc:
-                out.write(f"replayer: cannot launch: {exc}\n".encode())
-                self._proc = None
-                raise LaunchError(
-                    f"cannot launch {self.argv[0]!r}: {exc.strerror or exc}"
-                ) from None
-        self._proc, self._pgid = proc, proc.pid
-        self._started = self.clock.now()
-        _LIVE.add(self)
-        self._watcher = spawn(self._watch(proc, self._exited), name=f"target-exit-{proc.pid}")
-        log.info("launched %s (pid %d, launch %d)", self.argv[0], proc.pid, self.launches)
+                )
+        except OSError as exc:
+            return exc
+
+    def _adopt(self, launch: asyncio.Task[subprocess.Popen[bytes] | OSError]) -> None:
+        """Hold the process of a launch whose start was cancelled."""
+        if launch.cancelled() or launch.exception() is not None:
+            return
+        proc = launch.result()
+        if isinstance(proc, subprocess.Popen) and self._proc is not proc:
+            self._proc, self._pgid = proc, proc.pid
+            _LIVE.add(self)
 
     async def _watch(self, proc: subprocess.Popen[bytes], event: asyncio.Event) -> None:
         # Polled: an awaitable child exit needs a child watcher bound to one
@@ -268,6 +280,13 @@ class LaunchedTarget(ServerTarget):
 
     async def stop(self) -> ExitInfo | None:
         """SIGTERM to the group, SIGKILL after ``stop_grace``; how it ended."""
+        launching = self._launching
+        if launching is not None:
+            if not launching.done():  # a cancelled start's launch: Popen returns at once
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(launching)
+            if launching.done():
+                self._adopt(launching)
         proc = self._proc
         if proc is None:
             return self._exit

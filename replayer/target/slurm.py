@@ -101,6 +101,15 @@ async def _call(
     return out.decode(errors="replace")
 
 
+async def _answer(*argv: str, env: Mapping[str, str] | None = None) -> str | SlurmError:
+    """:func:`_call` for a background task: its error returned, not raised
+    (a refused ``sbatch`` is one line for the user, not a task's traceback)."""
+    try:
+        return await _call(*argv, env=env)
+    except SlurmError as exc:
+        return exc
+
+
 def job_name(owner: str, slot: int) -> str:
     """``replayer-<owner>-<slot>``: the owner is a short hash of who submits
     (a bisect directory), so its jobs are found again after a kill."""
@@ -183,6 +192,7 @@ class SlurmTarget(ServerTarget):
         self.name = name
         self.env = dict(env or {})
         self.job_id: str | None = None
+        self._submitting: asyncio.Task[str | SlurmError] | None = None
         self.node: str | None = None
         self.launches = 0
         self._state: str | None = None
@@ -262,14 +272,20 @@ class SlurmTarget(ServerTarget):
     async def _submit(self, env: Mapping[str, str]) -> str:
         """``sbatch``'s answer. Cancelled meanwhile (a stopped bisect), the job
         it queued anyway is cancelled once its id is known: none is left behind."""
-        submit = spawn(_call(*self._sbatch_argv(), env=env), name=f"sbatch-{self.name}")
+        submit = spawn(_answer(*self._sbatch_argv(), env=env), name=f"sbatch-{self.name}")
+        self._submitting = submit  # stop() learns its id even if this is cancelled twice
         try:
-            return await asyncio.shield(submit)
+            out = await asyncio.shield(submit)
         except asyncio.CancelledError:
             with contextlib.suppress(SlurmError):
-                job = (await submit).strip().split(";")[0]  # bounded: CALL_TIMEOUT
-                await _call("scancel", job)
+                job = await submit  # bounded: CALL_TIMEOUT
+                if isinstance(job, str):
+                    await _call("scancel", job.strip().split(";")[0])
             raise
+        if isinstance(out, SlurmError):
+            raise out
+        self._submitting = None
+        return out
 
     async def _wait_running(self) -> None:
         """Until the job runs on a node; cancelled and reported with Slurm's
@@ -337,6 +353,13 @@ class SlurmTarget(ServerTarget):
 
     async def stop(self) -> ExitInfo | None:
         """``scancel``, then wait (bounded) until the job left the queue."""
+        submitting, self._submitting = self._submitting, None
+        if submitting is not None and self.job_id is None:
+            # a start cancelled while sbatch ran: its job is queued all the same
+            with contextlib.suppress(Exception):
+                out = await asyncio.shield(submitting)
+                if isinstance(out, str):
+                    self.job_id = out.strip().split(";")[0] or None
         if self.job_id is None:
             return self._exit
         self._stopping = True  # our own scancel: not a job the scheduler took

@@ -168,6 +168,27 @@ async def test_unknown_executable_fails_at_start(tmp_path):
     assert t.alive() is False
 
 
+async def test_a_start_cancelled_mid_launch_leaves_no_process(tmp_path):
+    # a pool closed (or a trial cancelled) while a server launches: the launch
+    # goes on in its thread, and stop() ends what it made
+    from replayer._async import spawn
+
+    t = LaunchedTarget([sys.executable, "-c", "import time; time.sleep(60)"],
+                       "http://127.0.0.1:9", tmp_path / "s.log")  # fmt: skip
+    task = spawn(t.start(), name="start")
+    for _ in range(1000):  # until the launch is under way (loop passes, bounded)
+        if t._launching is not None:
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
+    await t.stop()
+    proc = t._proc
+    assert proc is not None and proc.returncode is not None  # made, stopped and reaped
+    assert_group_gone(proc.pid)
+
+
 async def test_ready_timeout_while_loading(launched):
     t = launched(load_time=30.0)
     await t.start()
