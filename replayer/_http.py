@@ -12,6 +12,7 @@ each other.
 from __future__ import annotations
 
 import errno
+import socket
 
 import aiohttp
 
@@ -49,3 +50,11 @@ def out_of_fds(exc: aiohttp.ClientConnectorError | OSError) -> bool:
     limit (see ``ulimit -n``), which says nothing about the server."""
     err = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
     return err.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now: for a server we launch (it
+    takes a port number, not a socket)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -13,7 +13,7 @@ import orjson
 from replayer._files import read_jsonl
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.runner import observed
-from replayer.bisect.search import race
+from replayer.bisect.search import race, width_of
 from replayer.bisect.stats import repeats_for
 
 if TYPE_CHECKING:
@@ -59,18 +59,14 @@ async def revisit(b: Search) -> bool:
     changed = False
     for p in list(reversed(kept[:-1]))[:REVISIT_MAX]:
         without = b.candidate([q for q in kept if q != p])
-        done = 0
-        while done < runs:
-            batch = min(runs - done, b.oracle.width)
-            recs = await b.oracle.run_many(
-                without, batch, "revisit", until=lambda r: r.outcome is Outcome.MATCH
-            )
-            done += batch
-            if any(r.outcome is Outcome.MATCH for r in recs):
-                kept = list(without.positions)
-                b.improve(without, "revisit")
-                changed = True
-                break
+        # as many at once as there are servers; the first crash stops the rest
+        recs = await b.oracle.run_many(
+            without, runs, "revisit", until=lambda r: r.outcome is Outcome.MATCH
+        )
+        if any(r.outcome is Outcome.MATCH for r in recs):
+            kept = list(without.positions)
+            b.improve(without, "revisit")
+            changed = True
     if changed:
         b.say(f"== revisit: {len(kept):,} requests (each left out {runs} run(s) at most)")
     return changed
@@ -98,8 +94,7 @@ async def control_runs(b: Search, n: int) -> None:
             f.write(orjson.dumps(entry) + b"\n")
         b.say(f"control {control.name} {i + 1}/{n}: {obs.outcome.value}")
 
-    width = max(1, int(getattr(runner, "width", 1)))
-    await race(list(range(len(done), n)), one, limit=width)
+    await race(list(range(len(done), n)), one, limit=width_of(runner))
 
 
 def control_counts(b: Search) -> tuple[int, int] | None:

@@ -38,7 +38,7 @@ import orjson
 
 from replayer._clock import REAL, Clock
 from replayer.bisect.files import journal_events, journal_header
-from replayer.bisect.search import bayes_prefix, binary_prefix, race
+from replayer.bisect.search import bayes_prefix, binary_prefix, race, width_of
 from replayer.bisect.stats import repeats_for, wilson
 from replayer.session.verdict import Outcome as Outcome
 
@@ -295,7 +295,7 @@ class Oracle:
     @property
     def width(self) -> int:
         """Trials the runner runs at once (its free servers)."""
-        return max(1, int(getattr(self.runner, "width", 1)))
+        return width_of(self.runner)
 
     def _spent(self) -> float:
         return self._spent_before + (self.clock.now() - self._t0)

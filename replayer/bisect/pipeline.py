@@ -166,19 +166,16 @@ class Bisect(Search):
                 left.append(f"control ({self.opts.confirm} runs)")
         width = self.oracle.width
         n, rounds = self._projection(width)
-        costs = self.oracle.trial_costs() if width == 1 else self.oracle.pool_costs()
-        per = (
-            f"; a trial takes ~{_duration(costs[0])} after a crash (restart included), "
-            f"~{_duration(costs[1])} after a pass"
-            if costs
-            else "; timed once a server has restarted"
-            if width > 1
-            else ""
-        )
-        pool = ""
+        costs = self._costs()
+        per = pool = more = ""
+        if costs:
+            per = (
+                f"; a trial takes ~{_duration(costs[0])} after a crash (restart included), "
+                f"~{_duration(costs[1])} after a pass"
+            )
         if width > 1:
             pool = f" in ~{rounds} rounds on {width} servers"
-        more = ""
+            per = per or "; timed once a server has restarted"
         now, after = self._seconds(rounds), self._seconds(self._projection(width + 1)[1])
         if now is not None and after is not None and now - after >= 1:
             more = f"; one more server would save ~{_duration(now - after)}"
@@ -194,6 +191,11 @@ class Bisect(Search):
         crash rate; empty before two trials are in."""
         return f" (~{_duration(est)})" if (est := self._seconds(rounds)) else ""
 
+    def _costs(self) -> tuple[float, float] | None:
+        """Seconds of a trial after a crash and after a pass: from one
+        server's trials in turn, or on a pool from each server's own."""
+        return self.oracle.trial_costs() if self.oracle.width == 1 else self.oracle.pool_costs()
+
     def _seconds(self, rounds: int) -> float | None:
         """Wall time of ``rounds`` rounds. On a pool a crashed server restarts
         in the background while the others run, and a round waits for it
@@ -202,7 +204,7 @@ class Bisect(Search):
         width = self.oracle.width
         if width == 1:
             return expected_seconds(self.oracle, rounds)
-        costs = self.oracle.pool_costs()
+        costs = self._costs()
         if costs is None or rounds <= 0:
             return None
         k, n = self.oracle.crash_rate()

@@ -96,6 +96,11 @@ async def _call(run: Callable[[X], Awaitable[R]], x: X) -> R:
     return await run(x)
 
 
+def width_of(runner: object) -> int:
+    """Trials ``runner`` runs at once: its ``width`` (a pool's free servers), else 1."""
+    return max(1, int(getattr(runner, "width", 1)))
+
+
 def points(lo: int, hi: int, width: int) -> list[int]:
     """``width`` lengths evenly inside (lo, hi): the probes of one round of a
     (width+1)-ary search (the midpoint, floor, for width 1)."""

@@ -24,6 +24,7 @@ from replayer._clock import REAL, Clock
 from replayer.bisect.edit import Edit, materialize
 from replayer.bisect.oracle import Budget, Candidate, Oracle, Outcome, TrialRecord
 from replayer.bisect.runner import Runner, Trial, as_runner, observed
+from replayer.bisect.search import width_of
 from replayer.monitor.signature import Signature
 from replayer.options.search import BisectOptions
 from replayer.replay.policy import ReplayPolicy, Timing
@@ -49,7 +50,7 @@ class _Trials:
     @property
     def width(self) -> int:
         """Trials the bisect's runner runs at once (a pool's servers)."""
-        return max(1, int(getattr(self.b.runner, "width", 1)))
+        return width_of(self.b.runner)
 
     async def run(self, cand: Candidate, trial: int, stage: str) -> TrialRecord:
         b = self.b

@@ -33,7 +33,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replayer._async import spawn, wait_event
+from replayer._http import free_port
 from replayer.service.jobs import Job, JobState, JobStore
 from replayer.service.pools import POOL_FILE, PoolConfig, allot, write_pool_file
 from replayer.service.progress import OUTCOMES, ProgressReader, last_error_line, result_of
@@ -100,12 +100,6 @@ def _poll_gone(pid: int, within: float) -> bool:
             return True
         time.sleep(0.1)  # no pidfd on this system: a bounded poll of the pid
     return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Scheduler:
@@ -245,7 +239,7 @@ class Scheduler:
             )
         port = None
         if takes_metrics_port(job.kind):  # live metrics: a port per attempt, not in state.json
-            port = _free_port()
+            port = free_port()
             env["REPLAYER_WORKER_METRICS_PORT"] = str(port)
         self.store.update(
             job,

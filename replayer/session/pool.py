@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from replayer._async import Signal, spawn
+from replayer._http import free_port
 from replayer.errors import LaunchError, TargetError
 from replayer.options.pool import PoolSpec
 from replayer.session.slot import Slot
@@ -222,16 +223,6 @@ class Pool:
             if m.state is not SlotState.FAILED:
                 m.state = SlotState.STOPPED
         self._save()
-
-
-def free_port() -> int:
-    """A port nothing listens on now (a local pool server's, when the pool
-    file names none)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_slots(
