@@ -179,19 +179,6 @@ def _server(conf: dict[str, Any], **extra: Any) -> Any:
     )
 
 
-def _pool(path: str | None, conf: dict[str, Any] | None) -> Any:
-    """A service pool job's pool file (written by the scheduler: the pool's
-    table and the servers this job holds), its key from the variable the
-    pool names; else the ``pool`` option as given."""
-    if path is None or conf is None:
-        return path
-    from replayer.options import PoolSpec, Server
-
-    env = conf.get("api_key_env")
-    key = os.environ.get(env) if env else None
-    return PoolSpec.load(path, Server(url="http://127.0.0.1:8000", api_key=key))
-
-
 def run_spec(spec: dict[str, Any]) -> int:
     """Build the job's options and call its :mod:`replayer.api` verb; print
     what the command prints; its exit code."""
@@ -268,7 +255,7 @@ def run_spec(spec: dict[str, Any]) -> int:
             vary_runs=vary.vary_runs,
             servers=pooled.servers,
             gpus=pooled.gpus,
-            pool=_pool(pooled.pool, spec.get("pool")),
+            pool=pooled.pool,  # a service pool's file names its key's variable itself
             control_pool=pooled.control_pool,
         )
         return print_bisect(res)
