@@ -22,10 +22,17 @@ client in this process.
   spare.
 * **Recorder CPU** per proxied request (from ``/proc/PID/stat``), the figure
   that says what the proxy costs wherever it runs.
+* **Before/after** (``--baseline DIR``): a second recorder run from another
+  source tree (``DIR`` on ``PYTHONPATH``: a checkout of the version to
+  compare with) in front of the same emulator, its requests interleaved
+  with the others one by one, so both versions meet the same drift. The
+  latency table gains its column; the trace bytes per row of each say what
+  the batching costs on disk.
 
 Run: ``python -m bench record`` (``-- --duration 1 --requests 200`` for a
-shorter run). The machine's other load shows up in both paths alike, but
-not evenly: run it on a quiet machine.
+shorter run; ``-- --baseline /path/to/old/checkout`` to compare). The
+machine's other load shows up in every path alike, but not evenly: run it
+on a quiet machine.
 """
 
 from __future__ import annotations
@@ -68,12 +75,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Recorder:
-    def __init__(self, upstream: str, out: Path) -> None:
+    def __init__(self, upstream: str, out: Path, source: Path | None = None) -> None:
+        """``source``: run the recorder of that source tree (``PYTHONPATH``)."""
         self.port_file = out.with_suffix(".port")
         cmd = [sys.executable, "-m", "replayer", "record", "--upstream", upstream]
         cmd += ["--listen", "127.0.0.1:0", "--port-file", str(self.port_file), "-o", str(out)]
         cmd += ["--progress", "0"]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        env = None
+        if source is not None:  # first on sys.path: it runs from there, in there
+            env = {**os.environ, "PYTHONPATH": str(source.resolve())}
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env, cwd=source)
         poll_until(
             lambda: self.port_file.exists() and self.port_file.read_text().endswith("\n"),
             30,
@@ -109,17 +120,19 @@ async def one(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[
     return marks
 
 
-async def latency(direct: str, proxied: str, n: int) -> dict[str, Any]:
+async def latency(urls: dict[str, str], n: int) -> dict[str, Any]:
+    """Per kind, per path (``direct``, ``proxied``, maybe ``before``): the
+    marks of ``n`` requests, the paths taking turns request by request."""
     out: dict[str, Any] = {}
     async with aiohttp.ClientSession() as s:
-        for url in (direct, proxied):  # warm both connections
+        for url in urls.values():  # warm every connection
             for body in (UNARY, STREAM):
                 await one(s, url, body)
         for name, body, count in (("unary", UNARY, n), ("stream", STREAM, max(20, n // 2))):
-            runs: dict[str, list[list[float]]] = {"direct": [], "proxied": []}
+            runs: dict[str, list[list[float]]] = {path: [] for path in urls}
             for _ in range(count):
-                runs["direct"].append(await one(s, direct, body))
-                runs["proxied"].append(await one(s, proxied, body))
+                for path, url in urls.items():
+                    runs[path].append(await one(s, url, body))
             out[name] = runs
     return out
 
@@ -148,7 +161,9 @@ async def load(
     return {"requests_per_s": done[0] / wall, "chunks_per_s": done[1] / wall, "requests": done[0]}
 
 
-def summarize(runs: dict[str, list[list[float]]]) -> dict[str, float]:
+def summarize(runs: dict[str, list[list[float]]], via: str = "proxied") -> dict[str, float]:
+    """Path ``via`` against the direct one."""
+    runs = {"direct": runs["direct"], "proxied": runs[via]}
     ms = 1000.0
     d = [r[-1] for r in runs["direct"]]
     p = [r[-1] for r in runs["proxied"]]
@@ -255,16 +270,36 @@ def main(argv: list[str]) -> dict[str, Any]:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, default=2.0, help="seconds per throughput phase")
     p.add_argument("--rounds", type=int, default=3, help="direct/proxied alternations per kind")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also measure the recorder of this source tree (latency, trace bytes per row)",
+    )
     args = p.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="replayer-bench-record-"))
     emu = EmulatorProcess(ARGS, request_log=False).start()
     trace = tmp / "bench.arrow"
     rec = Recorder(emu.url, trace)
+    before: Recorder | None = None
+    before_trace = tmp / "before.arrow"
     try:
-        lat = asyncio.run(latency(emu.url, rec.url, args.requests))
+        urls = {"direct": emu.url, "proxied": rec.url}
+        if args.baseline is not None:
+            before = Recorder(emu.url, before_trace, args.baseline)
+            urls["before"] = before.url
+        lat = asyncio.run(latency(urls, args.requests))
         unary, stream = summarize(lat["unary"]), summarize(lat["stream"])
+        old: dict[str, dict[str, float]] = {}
         thr, cpu = throughput(emu.url, rec, emu.pid, args)
+        old_thr: dict[str, dict[str, list[float]]] = {}
+        old_cpu: CpuTally = {}
+        if before is not None:
+            old = {k: summarize(lat[k], "before") for k in ("unary", "stream")}
+            # its own direct phases: each ratio is against the drift it met
+            old_thr, old_cpu = throughput(emu.url, before, emu.pid, args)
+            before.stop()
         own: dict[str, dict[str, list[float]]] = {}
         ncpu = os.cpu_count() or 1
         if ncpu >= 2 and pin(emu.pid, {0}) and pin(0, {0}) and pin(rec.proc.pid, {1}):
@@ -276,13 +311,16 @@ def main(argv: list[str]) -> dict[str, Any]:
                 pin(pid, set(range(ncpu)))
         err = rec.stop()
     finally:
-        if rec.proc.poll() is None:
-            rec.proc.kill()
+        for live in (rec, before):
+            if live is not None and live.proc.poll() is None:
+                live.proc.kill()
         emu.stop()
     size = trace.stat().st_size
     from replayer.trace.reader import Trace
 
     rows = len(Trace.open(trace))
+    before_rows = len(Trace.open(before_trace)) if before is not None else 0
+    before_size = before_trace.stat().st_size if before is not None else 0
     ratio = ratios(thr)
     per = cpu_per_request(cpu)
     proxied_requests = sum(t["proxied"]["requests"] for t in cpu.values())
@@ -301,19 +339,41 @@ def main(argv: list[str]) -> dict[str, Any]:
         "cpu_ceiling_ratio": {kind: cpu_ceiling(p) for kind, p in per.items()},
         "trace_rows": rows,
         "trace_bytes": size,
+        "before": {
+            "source": str(args.baseline),
+            "unary": old["unary"],
+            "stream": old["stream"],
+            "throughput": means(old_thr),
+            "throughput_ratio": ratios(old_thr),
+            "cpu_us_per_request": cpu_per_request(old_cpu),
+            "trace_rows": before_rows,
+            "trace_bytes": before_size,
+        }
+        if before is not None
+        else None,
         "recorder_stderr_tail": err.strip().splitlines()[-1:] if err else [],
     }
-    print(f"| concurrency 1, {args.requests} requests each | direct | via recorder | added |")
-    print("|---|---|---|---|")
-    for label, f, kind in (
-        ("non-streaming", unary, "request"),
-        ("streaming, to the last event", stream, "request"),
+    if old:
+        print(
+            f"| concurrency 1, {args.requests} requests each | direct | via recorder "
+            "| added | via the baseline recorder | added |"
+        )
+        print("|---|---|---|---|---|---|")
+    else:
+        print(f"| concurrency 1, {args.requests} requests each | direct | via recorder | added |")
+        print("|---|---|---|---|")
+    for label, f, kind, o in (
+        ("non-streaming", unary, "request", old.get("unary")),
+        ("streaming, to the last event", stream, "request", old.get("stream")),
     ):
         for q in ("p50", "p99"):
-            print(
+            line = (
                 f"| {kind} latency {q}, {label} | {f[f'direct_{q}_ms']:.2f} ms "
                 f"| {f[f'proxied_{q}_ms']:.2f} ms | {f[f'added_{q}_ms']:+.2f} ms |"
             )
+            if o is not None:
+                line += f" {o[f'proxied_{q}_ms']:.2f} ms | {o[f'added_{q}_ms']:+.2f} ms |"
+            print(line)
     print(
         f"| per SSE chunk (send to that chunk), p50 / p99 | | | "
         f"{stream['chunk_added_p50_ms']:+.2f} / {stream['chunk_added_p99_ms']:+.2f} ms |"
@@ -331,6 +391,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         # direct gets one core, proxied two: how the recorder does with spare
         # CPU, not a like-for-like comparison
         phases.append(("recorder on a core of its own, direct on one core: not like for like", own))
+    if old_thr:
+        phases.append(("the baseline recorder, all processes share the CPUs", old_thr))
     for where, t in phases:
         m, r = means(t), ratios(t)
         print(
@@ -348,6 +410,12 @@ def main(argv: list[str]) -> dict[str, Any]:
         for path, us in paths.items():
             rec_us = f"{us['recorder']:,.0f}" if path == "proxied" else "-"
             print(f"| {kind}, {path} | {us['client']:,.0f} | {us['emulator']:,.0f} | {rec_us} |")
+    for kind, paths in cpu_per_request(old_cpu).items():
+        us = paths["proxied"]
+        print(
+            f"| {kind}, via the baseline recorder | {us['client']:,.0f} "
+            f"| {us['emulator']:,.0f} | {us['recorder']:,.0f} |"
+        )
     print()
     print("| throughput ratio the CPU allows (every core busy) | value |\n|---|---|")
     for kind, paths in per.items():
@@ -359,7 +427,13 @@ def main(argv: list[str]) -> dict[str, Any]:
     cpu_us = figures["recorder_cpu_us_per_request"]
     print("| recorder | value |\n|---|---|")
     print(f"| CPU per proxied request (non-streaming and 64-event streams) | {cpu_us:,.0f} µs |")
-    print(f"| rows recorded / trace bytes | {rows:,} / {size:,} |")
+    per_row = size / max(1, rows)
+    print(f"| rows recorded / trace bytes | {rows:,} / {size:,} ({per_row:,.0f} a row) |")
+    if before is not None:
+        print(
+            f"| baseline recorder: rows / trace bytes | {before_rows:,} / {before_size:,} "
+            f"({before_size / max(1, before_rows):,.0f} a row) |"
+        )
     print(f"| CPUs on this machine | {os.cpu_count()} |")
     return figures
 

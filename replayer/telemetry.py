@@ -59,7 +59,9 @@ The metrics (labels in parentheses):
   ``replayer_record_requests_forwarded_total``, ``replayer_record_inflight``,
   ``replayer_record_rows_written_total``, ``replayer_record_rows_flushed_total``
   (on disk: what survives a SIGKILL), ``replayer_record_write_errors_total``,
-  ``replayer_record_bytes_written_total`` (the trace segment's size on disk).
+  ``replayer_record_bytes_written_total`` (the trace segment's size on disk),
+  ``replayer_record_rows_lost_total`` and ``replayer_record_recording`` (0
+  once recording stopped, say on a full disk, while traffic flows on).
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ class _RecorderCollector(Collector):
         rows.add_metric([], st.rows_written)
         flushed = CounterMetricFamily(
             "replayer_record_rows_flushed",
-            "Rows in flushed batches: on disk, they survive a SIGKILL of the recorder.",
+            "Rows in the trace file: every exchange a client saw complete is among them.",
         )
         flushed.add_metric([], st.rows_flushed)
         errors = CounterMetricFamily(
@@ -214,7 +216,16 @@ class _RecorderCollector(Collector):
             "replayer_record_bytes_written", "Bytes of the trace (this segment) on disk."
         )
         size.add_metric([], st.bytes_on_disk)
-        return [ex, fwd, inflight, rows, flushed, errors, size]
+        lost = CounterMetricFamily(
+            "replayer_record_rows_lost",
+            "Exchanges forwarded but not recorded because recording stopped (disk full).",
+        )
+        lost.add_metric([], st.rows_lost)
+        recording = GaugeMetricFamily(
+            "replayer_record_recording", "1 while recording, 0 once recording stopped."
+        )
+        recording.add_metric([], 1 if st.stopped is None else 0)
+        return [ex, fwd, inflight, rows, flushed, errors, size, lost, recording]
 
 
 class MetricsServer:

@@ -211,6 +211,8 @@ async def test_recorder_counters(emulator, tmp_path):
     assert pick(m, "replayer_record_inflight") == {(): 0}
     assert pick(m, "replayer_record_rows_written_total") == {(): 3}
     assert pick(m, "replayer_record_write_errors_total") == {(): 0}
+    assert pick(m, "replayer_record_rows_lost_total") == {(): 0}
+    assert pick(m, "replayer_record_recording") == {(): 1}
     size = (tmp_path / "rec.arrow").stat().st_size
     assert pick(m, "replayer_record_bytes_written_total") == {(): size} and size > 0
 

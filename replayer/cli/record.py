@@ -13,9 +13,10 @@ from replayer.cli.args import add_options, build
 RECORD_DESCRIPTION = """\
 Record agent sessions: a transparent reverse proxy in front of an
 OpenAI-compatible server (vLLM). Point the agent at the proxy instead of the
-server. Every path is forwarded unchanged; POST /v1/chat/completions and
-/v1/completions exchanges are recorded into TRACE (an Arrow IPC stream,
-flushed every --flush-interval seconds, readable even after SIGKILL).
+server. Every path is forwarded unchanged; POST /v1/chat/completions,
+/v1/completions, /v1/messages and /v1/responses exchanges are recorded into
+TRACE (an Arrow IPC stream). Each exchange is written before its client gets
+the end of the response, so SIGKILL loses none a client saw complete.
 
 Sessions come from a session header when the client sends one, else are
 inferred: a request whose messages extend an earlier request's messages plus
@@ -24,6 +25,10 @@ api-key headers, cookies, credential query/body fields) are never stored.
 
 If TRACE exists, the recording goes to the next segment (TRACE.1.arrow, ...);
 join segments with `replayer trace merge`. Stop with Ctrl-C or SIGTERM.
+
+Exit codes: 0 stopped cleanly; 1 some exchanges could not be made into rows;
+2 recording stopped early (the trace could not be written: disk full; traffic
+was forwarded all along, the trace ends at the failure) or a usage error.
 """
 
 

@@ -75,7 +75,7 @@ class RecordOptions(Declared):
     )
     flush_interval: float = option(
         1.0,
-        "push recorded rows to disk at least this often (default 1 s)",
+        "no effect: each exchange is written before its response ends (kept for scripts)",
         metavar="S",
         gt=0,
     )

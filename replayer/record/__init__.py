@@ -3,8 +3,9 @@
 The best trace is the production traffic that crashed, and agents send no
 session ids. The recorder sits between agent and server, forwards every
 byte unchanged and at the upstream's cadence, and writes the chat and
-completions exchanges into a trace (the streaming writer, so SIGKILL loses
-at most one flush interval), inferring sessions from the conversations
+completions exchanges into a trace (each written before its client has the
+whole response, so SIGKILL loses no exchange a client saw complete),
+inferring sessions from the conversations
 themselves and never storing a credential.
 
 Modules, in the order a request meets them:
@@ -15,7 +16,7 @@ Modules, in the order a request meets them:
 * :mod:`~replayer.record.sessions` - session inference (headers, prefixes, forks);
 * :mod:`~replayer.record.capture` - the response assembled from SSE or JSON;
 * :mod:`~replayer.record.redact` - what is never stored;
-* :mod:`~replayer.record.sink` - the writer thread and timed flushes;
+* :mod:`~replayer.record.sink` - the writer thread and its group commit;
 * :mod:`~replayer.record.segments` - non-overwriting segments and ``merge``;
 * :mod:`~replayer.record.run` - the process: signals, progress, port file.
 """

@@ -23,8 +23,17 @@ OpenAI error envelope naming the upstream, and the exchange is recorded
 with that error. WebSocket upgrades and CONNECT are not supported (vLLM
 serves neither).
 
+Abusive clients are bounded (:mod:`replayer._http`): a request head must
+arrive whole, and a stalled body resume, within ``$REPLAYER_CLIENT_TIMEOUT``
+(60 s) or the connection is cut; a head past 64 KiB a line or 128 lines gets
+400; a declared body past :data:`MAX_BODY` gets 413 unread; the open-files
+limit is raised to fit the connections.
+
 Recording (:mod:`replayer.record.recorder`) happens beside the relay:
-``POST /v1/chat/completions`` and ``POST /v1/completions`` only.
+``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/messages`` and
+``/v1/responses``. A recorded response's end (its last bytes, or a stream's
+end event) is held until the exchange's row is written
+(:mod:`replayer.record.sink`): what a client saw complete survives SIGKILL.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -48,7 +57,16 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from replayer._http import CONNECT_TIMEOUT_S, pooled_connector, streaming_timeout
+from replayer._http import (
+    CONNECT_TIMEOUT_S,
+    MAX_HEADERS,
+    SERVER_LOG,
+    ClientDeadline,
+    client_timeout,
+    pooled_connector,
+    raise_fd_limit,
+    streaming_timeout,
+)
 from replayer.options.record import DEFAULT_SESSION_HEADERS
 from replayer.options.record import parse_listen as parse_listen
 from replayer.record.capture import Capture
@@ -82,6 +100,10 @@ _STREAMED_SKIP = HOP_BY_HOP | _REQUEST_DROP
 _HELD_SKIP = _STREAMED_SKIP | {"content-length"}
 _MAX_HEADER = 1 << 16
 _SLICE = 1 << 20
+MAX_BODY = 256 << 20
+"""Largest request body the recorder takes (413 past it). A recorded body is
+held whole (it is stored); 256 MiB is ~50 million tokens of JSON, far past any
+model's context, yet one such client cannot exhaust the recorder's memory."""
 
 
 @dataclass(frozen=True)
@@ -95,14 +117,25 @@ class RecordConfig:
     host: str = "127.0.0.1"
     port: int = 8001
     flush_interval: float = 1.0
+    """Unused: kept so old callers still build. Rows are written per exchange,
+    before its response's end is relayed (:mod:`replayer.record.sink`)."""
     session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
     drop_headers: tuple[str, ...] = ()
     redact: tuple[str, ...] = ()
     fsync: bool = False
+    hold_limit: float = 10.0
+    """Longest a response's end waits for its row to be written (a stalled disk):
+    past it, traffic goes on unheld until the writer catches up."""
     drain: float = 5.0
     """Seconds in-flight exchanges get to finish at shutdown."""
     max_connections: int = 4096
     connect_timeout: float = CONNECT_TIMEOUT_S
+    max_body: int = MAX_BODY
+    """Largest request body accepted (a declared larger one gets 413 unread)."""
+    client_timeout: float | None = None
+    """Seconds a client may keep the recorder waiting for a request head or
+    more of a body (:class:`replayer._http.ClientDeadline`); None:
+    ``$REPLAYER_CLIENT_TIMEOUT``, else 60 s."""
     add_request_id: bool = False
     """Send the recorded request id upstream as ``X-Request-Id`` when the client sent none."""
     id_prefix: str = "rec-"
@@ -162,6 +195,10 @@ class RecorderStats:
     write_errors: int
     bytes_on_disk: int
     """The trace segment's size (0 before it exists)."""
+    rows_lost: int = 0
+    """Exchanges not in the trace because recording stopped."""
+    stopped: str | None = None
+    """Why recording stopped (disk full: path and free bytes); None while it records."""
 
 
 class RecordingProxy:
@@ -180,6 +217,7 @@ class RecordingProxy:
         self._base = config.upstream.rstrip("/")
         self._safe_upstream = safe_url(config.upstream)
         self._runner: web.ServerRunner | None = None
+        self._deadline: ClientDeadline | None = None
         self._client: aiohttp.ClientSession | None = None
         self._sink: TraceSink[Exchange] | None = None
         self.recorder: Recorder | None = None
@@ -188,6 +226,9 @@ class RecordingProxy:
         self.forwarded = 0
         """Requests forwarded (recorded or not)."""
         self.address: tuple[str, int] | None = None
+        self.on_stop: Callable[[str], None] | None = None
+        """Told once, from the writer thread, that recording stopped and why
+        (set before :meth:`start`; unset, it is logged)."""
 
     @property
     def _recorded_paths(self) -> frozenset[str] | set[str]:
@@ -202,6 +243,10 @@ class RecordingProxy:
         from replayer.trace.writer import TraceWriter
 
         cfg = self.config
+        wait = cfg.client_timeout if cfg.client_timeout is not None else client_timeout()
+        # a proxied exchange holds two descriptors, an idle client one
+        if (warning := raise_fd_limit(2 * cfg.max_connections + 1024)) is not None:
+            log.warning("record: %s", warning)
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
         try:
             sock = socket.create_server((cfg.host, cfg.port), family=family, backlog=1024)
@@ -214,7 +259,7 @@ class RecordingProxy:
             "upstream": self._safe_upstream,
             "listen": f"{self.url.removeprefix('http://')}",
             "session_headers": list(cfg.session_headers),
-            "flush_interval": cfg.flush_interval,
+            "durability": "each exchange written before its response's end is relayed",
             "fsync": cfg.fsync,
             "t0_unix_us": time.time_ns() // 1000,
             "redaction": {
@@ -241,7 +286,9 @@ class RecordingProxy:
             id_prefix=cfg.id_prefix,
             record_count_tokens=cfg.record_count_tokens,
         )
-        self._sink = TraceSink(writer, recorder.build, flush_interval=cfg.flush_interval)
+        self._sink = TraceSink(
+            writer, recorder.build, hold_limit=cfg.hold_limit, on_stop=self.on_stop
+        )
         recorder.sink = self._sink
         self.recorder = recorder
         self._sink.start()
@@ -258,15 +305,18 @@ class RecordingProxy:
             max_field_size=_MAX_HEADER,
         )
         server = web.Server(
-            self._handle,
+            _refuse_oversized(self._handle, cfg.max_body),
             handler_cancellation=True,
             auto_decompress=False,  # a compressed request body is forwarded compressed
             access_log=None,
+            logger=SERVER_LOG,
             max_line_size=_MAX_HEADER,
             max_field_size=_MAX_HEADER,
+            max_headers=MAX_HEADERS,
         )
         self._runner = web.ServerRunner(server, shutdown_timeout=cfg.drain)
         await self._runner.setup()
+        self._deadline = ClientDeadline(server, wait).start()
         await web.SockSite(self._runner, sock, backlog=1024).start()
         return self
 
@@ -308,6 +358,8 @@ class RecordingProxy:
             rows_flushed=sink.flushed if sink is not None else 0,
             write_errors=sink.errors if sink is not None else 0,
             bytes_on_disk=size,
+            rows_lost=sink.lost if sink is not None else 0,
+            stopped=sink.stopped if sink is not None else None,
         )
 
     async def stop(self) -> None:
@@ -316,6 +368,8 @@ class RecordingProxy:
         if self.stopping:
             return
         self.stopping = True
+        if self._deadline is not None:
+            self._deadline.stop()
         if self._runner is not None:
             await self._runner.cleanup()  # waits up to drain, then cancels handlers
         await self._close_all()
@@ -398,7 +452,10 @@ class RecordingProxy:
 
     async def _recorded(self, request: web.BaseRequest, start: int) -> web.StreamResponse:
         assert self._client is not None and self.recorder is not None
-        raw = await _read_body(request.content)
+        try:
+            raw = await _read_body(request.content, self.config.max_body)
+        except _TooLarge as exc:  # a chunked body, no length declared: counted as it came
+            return _too_large(exc.size, self.config.max_body)
         body_ns = time.monotonic_ns()
         ex = self.recorder.begin(
             path=request.path,
@@ -426,8 +483,7 @@ class RecordingProxy:
             if ex is not None:
                 ex.status, ex.failure = 502, "connect"
                 ex.error = f"upstream unreachable: {str(exc) or type(exc).__name__}"
-                ex.end_ns = time.monotonic_ns()
-                self.recorder.finish(ex)
+                await self._commit(ex, None, 502)
             return bad
         except asyncio.CancelledError:
             if ex is not None:
@@ -451,7 +507,7 @@ class RecordingProxy:
             raise
         finally:
             _done_with(resp)
-        if ex is not None:
+        if ex is not None and not ex.queued:  # else committed before the response's end
             ex.end_ns = time.monotonic_ns()
             if failure == "client":
                 ex.abandoned = "client"
@@ -461,17 +517,30 @@ class RecordingProxy:
         return out
 
     def _abandon(self, ex: Exchange, cap: Capture | None) -> None:
+        if ex.queued:  # cancelled while its end waited for the row: recorded already
+            return
         ex.end_ns = time.monotonic_ns()
         ex.abandoned = "shutdown" if self.stopping else "client"
         self._finish(ex, cap, ex.status or 0)
 
-    def _finish(self, ex: Exchange, cap: Capture | None, status: int) -> None:
+    def _finish(self, ex: Exchange, cap: Capture | None, status: int) -> int:
         assert self.recorder is not None
         if cap is not None:
             ex.reply = cap.finish(status)
             ex.first_token_ns = cap.first_token_ns
             ex.response_bytes = cap.bytes
-        self.recorder.finish(ex)
+        return self.recorder.finish(ex)
+
+    async def _commit(self, ex: Exchange, cap: Capture | None, status: int) -> None:
+        """Record a complete exchange and wait until its row is written: the
+        caller relays the response's end only after (group commit, see
+        :mod:`replayer.record.sink`), so a client never sees complete an
+        exchange a SIGKILL could lose. Bounded: a stopped or stalled writer
+        releases at once or after ``hold_limit``."""
+        ex.end_ns = time.monotonic_ns()
+        held = self.sink.wait(self._finish(ex, cap, status))
+        if held is not None:
+            await held
 
     async def _relay(
         self,
@@ -512,7 +581,7 @@ class RecordingProxy:
                     break
             # the body's last bytes go out with its end (one write for a small body)
             eof = content.at_eof()
-            if cap is None or ex is None:
+            if cap is None or ex is None or ex.queued:
                 try:
                     await (out.write_eof(chunk) if eof else out.write(chunk))
                 except (ConnectionError, OSError):
@@ -528,13 +597,16 @@ class RecordingProxy:
             # except at the response's end (a stream's end event, a whole body's
             # last bytes), whose reply must be known before the client sees it
             # and sends its next turn (or chains to it by previous_response_id).
-            last = cap.may_end(chunk) if cap.sse else eof
+            last = eof or (cap.sse and cap.may_end(chunk))
             if last:
                 cap.feed(chunk, now)
                 if not cap.sse:
                     recorder.settle(ex, cap.finish(resp.status), now)
                 elif cap.done and ex.settled_ns is None:
                     recorder.settle(ex, cap.reply(), now)
+                if eof or cap.done:
+                    # the response's end: the client gets it once its row is written
+                    await self._commit(ex, cap, resp.status)
             try:
                 await (out.write_eof(chunk) if eof else out.write(chunk))
             except (ConnectionError, OSError):
@@ -546,6 +618,8 @@ class RecordingProxy:
             if eof:
                 return out, None
             chunk = b""
+        if cap is not None and ex is not None and not ex.queued:
+            await self._commit(ex, cap, resp.status)  # a body that ended without its end event
         try:
             await out.write_eof()
         except (ConnectionError, OSError):
@@ -564,14 +638,27 @@ class _Relayed(web.StreamResponse):
         self._send_headers_immediately = not coalesce
 
 
-async def _read_body(content: aiohttp.StreamReader) -> bytes:
-    """A request body, whole (usually one read: it came with the headers)."""
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+async def _read_body(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """A request body, whole (usually one read: it came with the headers);
+    :class:`_TooLarge` once past ``limit`` bytes (a chunked body declares no
+    length, so it is counted as it comes)."""
     raw = await content.readany()
     if not raw:
         return raw
-    chunks = [raw]
+    chunks, size = [raw], len(raw)
     while chunk := await content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(size)
         chunks.append(chunk)
+    if size > limit:
+        raise _TooLarge(size)
     return raw if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -579,6 +666,34 @@ async def _slices(raw: bytes) -> AsyncIterator[memoryview]:
     view = memoryview(raw)
     for i in range(0, len(view), _SLICE):
         yield view[i : i + _SLICE]
+
+
+def _refuse_oversized(
+    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]], limit: int
+) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """``handler`` behind a body limit: a declared ``Content-Length`` past
+    ``limit`` gets 413 before a byte of it is read (an ``Expect: 100-continue``
+    client never sends it) and is neither forwarded nor recorded."""
+
+    async def limited(request: web.BaseRequest) -> web.StreamResponse:
+        size = request.content_length
+        if size is None or size <= limit:
+            return await handler(request)
+        return _too_large(size, limit)
+
+    return limited
+
+
+def _too_large(size: int, limit: int) -> web.Response:
+    """413, the connection closed (the rest of the body is never read)."""
+    msg = f"replayer record: request body of {size:,} bytes exceeds the limit of {limit:,}"
+    resp = web.Response(
+        status=413,
+        body=error_envelope(msg, "BadRequestError", 413),
+        content_type="application/json",
+    )
+    resp.force_close()
+    return resp
 
 
 def _done_with(resp: aiohttp.ClientResponse) -> None:

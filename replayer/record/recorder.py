@@ -3,7 +3,8 @@
 The proxy calls :meth:`Recorder.begin` when a recorded request's body is in
 (parse it, name it, place it in a session: at arrival, so turn order is
 arrival order) and :meth:`Recorder.finish` when the exchange is over (teach
-the session tracker its reply, queue it for the writer thread). Building the
+the session tracker its reply, queue it for the writer thread: the proxy
+holds the response's end until that row is written). Building the
 row (redaction, delta-encoding, compression) happens on the writer thread,
 so the event loop only parses and hashes.
 
@@ -12,7 +13,8 @@ Row contents (beyond the columns the format defines):
 * ``request_id``: the client's ``X-Request-Id``, else ``<prefix><n>``
   (``rec-000001`` …, per segment); a repeated client id gets ``~2``, ``~3``
   (the client's is kept in ``meta.client_request_id``).
-* ``start_us`` = request received, ``end_us`` = last byte relayed,
+* ``start_us`` = request received, ``end_us`` = the response's end read
+  from the upstream (relayed to the client once its row is written),
   ``ttft_us`` = first output event (streams), all µs since the recorder
   started (``provenance.t0_unix_us`` anchors them); ``meta.timing_us`` has
   body-in, upstream response headers, first byte, first token, reply
@@ -96,7 +98,9 @@ _UNSTORED_HEADERS = (
 class Sink(Protocol):
     """Where finished exchanges go (:class:`~replayer.record.sink.TraceSink`)."""
 
-    def put(self, item: Exchange) -> None: ...
+    def put(self, item: Exchange) -> int:
+        """Queue an exchange; its sequence number (to wait for its row)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -131,6 +135,8 @@ class Exchange:
     """When the tracker learned the reply (at ``[DONE]``, before the client saw it)."""
     notes: dict[str, Any] = field(default_factory=dict)
     """What the recorder did to the body (``expanded``, ``unexpanded``, ...): ``meta``."""
+    queued: bool = False
+    """Handed to the writer thread: final, and no longer to be touched."""
 
     @property
     def ok(self) -> bool:
@@ -342,17 +348,21 @@ class Recorder:
             items.append({"type": "message", "role": "assistant", "content": content})
         return items + list(r.tool_calls or [])
 
-    def finish(self, ex: Exchange) -> None:
-        """The exchange is over: teach the tracker its reply and queue the row."""
+    def finish(self, ex: Exchange) -> int:
+        """The exchange is over: teach the tracker its reply and queue the row;
+        the sink's sequence number for it."""
+        if self.sink is None:
+            raise RuntimeError("recorder has no sink")
+        if ex.queued:
+            raise RuntimeError(f"exchange {ex.request_id} finished twice")
         if ex.settled_ns is None:
             self.tracker.complete(ex.request_id, self._reply_of(ex, ex.reply), ok=ex.ok)
             ex.settled_ns = ex.end_ns
         self.recorded += 1
         if not ex.ok:
             self.failed += 1
-        if self.sink is None:
-            raise RuntimeError("recorder has no sink")
-        self.sink.put(ex)
+        ex.queued = True
+        return self.sink.put(ex)
 
     # -- on the writer thread ----------------------------------------------------
 

@@ -4,8 +4,13 @@ SIGTERM and SIGINT stop the recorder cleanly: it stops listening, gives
 in-flight exchanges ``--drain`` seconds, records those still open as
 abandoned (``meta.abandoned = "shutdown"``), flushes and closes the trace,
 and says where it is. A second signal cuts the drain short. SIGKILL needs no
-handling: the trace is flushed every ``--flush-interval`` (see
-:mod:`replayer.record.sink`).
+handling: an exchange is written before its client gets the response's end
+(see :mod:`replayer.record.sink`).
+
+If the trace cannot be written (a full disk), recording stops and traffic
+goes on: one line says so at once (path and free bytes), the progress line
+repeats it, and at the stop the recorder exits 2 (:data:`EXIT_STOPPED`).
+Rows that could not be built while recording went on exit 1.
 
 Progress goes to stderr every ``progress`` seconds while something changed:
 exchanges recorded, in flight, bytes on disk.
@@ -25,6 +30,11 @@ from typing import Protocol
 from replayer._async import spawn
 from replayer.options.record import RecordOptions, parse_listen
 from replayer.record.proxy import RecordConfig, RecordingProxy, is_loopback
+
+EXIT_STOPPED = 2
+"""Recording stopped before the recorder did (the trace could not be written)."""
+EXIT_ROWS_LOST = 1
+"""Some rows could not be built; recording went on."""
 
 
 class RecorderObserver(Protocol):
@@ -56,10 +66,14 @@ def human(n: float) -> str:
 def status_line(proxy: RecordingProxy) -> str:
     rec = proxy.recorder
     n, failed = (rec.recorded, rec.failed) if rec is not None else (0, 0)
-    return (
+    line = (
         f"{n:,} exchanges recorded ({failed:,} failed), {proxy.inflight} in flight, "
         f"{proxy.forwarded:,} requests forwarded, {human(_size(proxy.config.output))} written"
     )
+    st = proxy.stats()
+    if st.stopped is not None:
+        line += f"; RECORDING STOPPED ({st.stopped}): {st.rows_lost:,} not recorded"
+    return line
 
 
 async def _progress(proxy: RecordingProxy, every: float) -> None:
@@ -120,6 +134,7 @@ async def serve(
     """Run the recorder until SIGTERM/SIGINT; the exit code. ``live``
     (``--metrics-port``) reads the proxy's counters at scrape time."""
     proxy = RecordingProxy(config)
+    proxy.on_stop = lambda why: say(f"error: {why}")
     await proxy.start()
     tune_gc()
     if live is not None:
@@ -145,7 +160,7 @@ async def serve(
         )
     say(
         f"listening on {proxy.url} -> {proxy.upstream}; recording to {config.output} "
-        f"(flush every {config.flush_interval:g} s)"
+        "(each exchange written before its client gets the response's end)"
     )
     if port_file is not None:
         assert proxy.address is not None
@@ -181,9 +196,15 @@ async def serve(
             f"this is a segment of {segment_of}; join the segments with: "
             f"replayer trace merge <segments> -o <merged.arrow>"
         )
+    if sink.stopped is not None:
+        say(
+            f"error: recording stopped early ({sink.stopped}): the trace holds "
+            f"{sink.flushed:,} exchanges, {sink.lost:,} were forwarded but not recorded"
+        )
+        return EXIT_STOPPED
     if sink.errors:
         say(f"error: {sink.errors} row(s) could not be written (last: {sink.last_error})")
-        return 1
+        return EXIT_ROWS_LOST
     return 0
 
 

@@ -6,7 +6,9 @@ session, or an explicit ``base_hint`` for forks and sub-agents), stores only
 what it appends, and flushes record batches every N rows, every so many
 bytes, or every T seconds. Each flushed batch is a complete IPC message on
 disk, so a writer killed with SIGKILL leaves a readable file that loses at
-most the batch in progress.
+most the batch in progress. A flush that fails (a full disk) cuts the file
+back to the end of the last good batch and closes the writer: the trace
+reads whole up to there, never ending in a torn batch it could have avoided.
 
 The writer keeps the content of recent rows in memory to diff against; the
 budget is bounded (``cache_bytes``), and a row whose base fell out of the
@@ -15,6 +17,7 @@ cache is stored whole (a keyframe): correctness never depends on the cache.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import OrderedDict
@@ -30,6 +33,7 @@ import pyarrow.ipc as ipc
 from replayer.errors import TraceError
 from replayer.trace import content as cx
 from replayer.trace.digests import batch_metadata
+from replayer.trace.framing import EOS
 from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.schema import DICT_COLUMNS, NAMES, Kind, arrow_schema
 from replayer.trace.tokens import (
@@ -118,6 +122,11 @@ class TraceWriter:
         self.rows_written = 0
         self.batches_written = 0
         self._closed = False
+        self._good = 0
+        """Where the last good flush left the file: a failed one is cut back to here."""
+        self._form = form
+        self.failed: OSError | None = None
+        """The write error that closed the writer (see :meth:`flush`)."""
 
     # -- public API --------------------------------------------------------
 
@@ -271,34 +280,72 @@ class TraceWriter:
         return row
 
     def flush(self) -> None:
-        """Write buffered rows as one record batch and push it to the OS."""
+        """Write buffered rows as one record batch and push it to the OS.
+
+        On an ``OSError`` (disk full, I/O error) the file is cut back to the
+        last good batch and the writer closed (:attr:`failed` says why);
+        the error is raised. The rows of the failed batch are lost."""
+        if self._closed:
+            raise TraceError("trace writer is closed")
         n = len(self._cols["request_id"])
+        try:
+            if n:
+                arrays = [
+                    self._dict_array(f.name)
+                    if f.name in DICT_COLUMNS
+                    else pa.array(self._cols[f.name], type=f.type)
+                    for f in self._schema
+                ]
+                batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+                self._ipc.write_batch(batch, custom_metadata=batch_metadata(batch, self._schema))
+            self._sink.flush()
+            if self._fsync:
+                os.fsync(self._sink.fileno())
+        except OSError as exc:
+            self._abandon(exc)
+            raise
         if n:
-            arrays = [
-                self._dict_array(f.name)
-                if f.name in DICT_COLUMNS
-                else pa.array(self._cols[f.name], type=f.type)
-                for f in self._schema
-            ]
-            batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
-            self._ipc.write_batch(batch, custom_metadata=batch_metadata(batch, self._schema))
             self.rows_written += n
             self.batches_written += 1
             for v in self._cols.values():
                 v.clear()
             self._pending_bytes = 0
-        self._sink.flush()
-        if self._fsync:
-            os.fsync(self._sink.fileno())
+        self._good = self._sink.tell()
         self._last_flush = time.monotonic()
 
     def close(self) -> None:
         if self._closed:
             return
         self.flush()
-        self._ipc.close()
-        self._sink.close()
+        try:
+            self._ipc.close()
+            self._sink.close()
+        except OSError as exc:  # no room for the end-of-stream marker: the batches stand
+            self._abandon(exc)
+            raise
         self._closed = True
+
+    def _abandon(self, exc: OSError) -> None:
+        """Cut the file back to its last good batch and end it there.
+
+        A stream gets its end-of-stream marker after the last good batch (8
+        bytes, nearly always inside the file's last block), or, cut before its
+        first batch, the schema and marker of an empty trace: it reads as a
+        whole trace, not a torn one. Where even that does not fit it stays
+        cut at the batch boundary, which reads too (as a torn tail)."""
+        self._closed = True
+        self.failed = exc
+        with contextlib.suppress(OSError, ValueError):
+            fd = self._sink.fileno()
+            os.ftruncate(fd, self._good)
+            if self._form == "stream":
+                end = pa.BufferOutputStream()
+                ipc.new_stream(end, self._schema).close()
+                tail = end.getvalue().to_pybytes() if self._good == 0 else EOS
+                if os.pwrite(fd, tail, self._good) != len(tail):
+                    os.ftruncate(fd, self._good)
+        with contextlib.suppress(OSError, ValueError):
+            self._sink.close()
 
     def __enter__(self) -> Self:
         return self

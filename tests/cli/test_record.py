@@ -1,8 +1,8 @@
 """``replayer record`` and ``replayer trace merge`` as a user runs them: real
 subprocesses on loopback. A recorder killed with SIGKILL under load leaves a
-readable trace holding every exchange completed more than one flush interval
-before the kill; SIGTERM closes cleanly; a restart writes a new segment and
-merge re-links the sessions; a recorded multi-session agent run replays
+readable trace holding every exchange completed before the kill; SIGTERM
+closes cleanly; a restart writes a new segment and merge re-links the
+sessions; a recorded multi-session agent run replays
 against a fresh emulator with the same bodies, order and sessions."""
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import hashlib
 import io
+import os
 import resource
 import socket
 
@@ -539,6 +540,9 @@ async def test_next_turn_sent_on_done_before_the_stream_ends_still_continues(
         async with asyncio.timeout(10):
             while (await r.content.readuntil(b"\n\n")) != b"data: [DONE]\n\n":
                 pass
+        # the client has the reply: its row is in the file already, whole
+        early = Trace.open(proxy.config.output)
+        assert early.outcome(0)["output_tool_calls"] == [TOOL_CALL]
         async with s.post(f"{proxy.url}/v1/chat/completions", json=follow) as r2:
             assert r2.status == 200
         assert not r.content.at_eof()  # the first stream is still open
@@ -549,7 +553,7 @@ async def test_next_turn_sent_on_done_before_the_stream_ends_still_continues(
     rows = t.order
     assert [t.meta(r)["session"] for r in rows] == ["new", "next"]
     timing = t.meta(rows[0])["timing_us"]
-    assert timing["reply"] < timing["done"]
+    assert timing["reply"] <= timing["done"]  # done: the end read, before the upstream's EOF
 
 
 @pytest.mark.inprocess
@@ -568,3 +572,99 @@ async def test_compressed_request_body_is_forwarded_as_is_and_recorded_decoded(
     assert fake_upstream.requests[-1]["body"] == body  # the upstream decoded our bytes
     t = await stopped_trace(proxy)
     assert t.body(0) == body and t.column("body_sha256")[0] == hashlib.sha256(raw).hexdigest()
+
+
+@pytest.mark.inprocess
+async def test_a_response_ends_only_once_its_row_is_on_disk(fake_upstream, proxy_factory):
+    """Read the file the moment each client has its whole response: the row
+    is there (no flush timer, no close), for JSON, streams and a 502."""
+    proxy = await proxy_factory(fake_upstream.url)
+    out = proxy.config.output
+    base = [{"role": "user", "content": "Look at main.py"}]
+    async with aiohttp.ClientSession() as s:
+        for k, stream in enumerate((False, True, False, True)):
+            body = {"model": MODEL, "messages": [*base, {"role": "user", "content": str(k)}]}
+            rid = f"r{k}"
+            async with s.post(
+                f"{proxy.url}/v1/chat/completions",
+                json=body | {"stream": stream},
+                headers={"X-Request-Id": rid},
+            ) as r:
+                await r.read()
+            t = Trace.open(out)
+            assert t.column("request_id")[-1] == rid and len(t) == k + 1
+            assert t.outcome(k)["output_tool_calls"] == [TOOL_CALL]
+    await proxy.stop()
+
+    down = await proxy_factory(f"http://127.0.0.1:{closed_port()}", name="down.arrow")
+    async with aiohttp.ClientSession() as s:
+        body = {"model": MODEL, "messages": base}
+        async with s.post(f"{down.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 502
+            await r.read()
+        assert Trace.open(down.config.output).outcome(0)["status"] == 502
+
+
+@pytest.mark.inprocess
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this machine")
+async def test_a_trace_that_cannot_be_written_never_holds_or_fails_traffic(
+    fake_upstream, proxy_factory
+):
+    """Recording into /dev/full (every write: no space left): each client
+    still gets its whole response, at once; the proxy says why it stopped."""
+    proxy = await proxy_factory(fake_upstream.url, name="/dev/full")
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="sk-test", max_retries=0)
+    msgs = [{"role": "user", "content": "Look at main.py"}]
+    try:
+        async with asyncio.timeout(5):  # a held response would wait 10 s (hold_limit)
+            for k in range(6):
+                if k % 2:
+                    calls = []
+                    stream = await client.chat.completions.create(
+                        model=MODEL, messages=msgs, stream=True
+                    )
+                    async for c in stream:
+                        if c.choices and c.choices[0].delta.tool_calls:
+                            calls += c.choices[0].delta.tool_calls
+                    assert calls[0].function.name == "read_file"
+                else:
+                    r = await client.chat.completions.create(model=MODEL, messages=msgs)
+                    assert r.choices[0].message.tool_calls[0].function.name == "read_file"
+    finally:
+        await client.close()
+    st = proxy.stats()
+    assert st.stopped is not None and st.stopped.startswith("disk full writing /dev/full (")
+    assert (st.recorded, st.rows_flushed, st.rows_lost, st.write_errors) == (6, 0, 6, 1)
+    async with asyncio.timeout(10):
+        await proxy.stop()
+
+
+@pytest.mark.inprocess
+async def test_a_chunked_body_past_the_limit_is_413_and_never_forwarded(
+    fake_upstream, proxy_factory
+):
+    """A chunked body declares no length: it is counted as it arrives, and
+    the byte past ``max_body`` ends it with 413 (connection closed); nothing
+    is forwarded or recorded, and a body at the limit goes through."""
+    proxy = await proxy_factory(fake_upstream.url, max_body=64 << 10)
+    over = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]})
+
+    async def chunked(raw):
+        for i in range(0, len(raw), 8192):
+            yield raw[i : i + 8192]
+
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{proxy.url}/v1/chat/completions", data=chunked(over)) as r,
+    ):
+        assert r.status == 413
+        assert "exceeds the limit of 65,536" in (await r.json())["error"]["message"]
+    assert fake_upstream.requests == []
+    ok = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "y" * 1000}]})
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{proxy.url}/v1/chat/completions", data=chunked(ok)) as r,
+    ):
+        assert r.status == 200
+    t = await stopped_trace(proxy)
+    assert len(t) == 1 and t.column("body_bytes")[0] == len(ok)

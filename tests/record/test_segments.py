@@ -115,3 +115,23 @@ def test_traces_without_a_clock_are_placed_one_after_another(tmp_path):
     # explicit session names (no recorder inference) join
     assert t.column("session_id") == ["s", "s"] and t.column("turn") == [0, 1]
     assert res.renamed == 1
+
+
+
+def test_merge_names_a_segment_killed_before_its_first_row(tmp_path):
+    """A recorder killed before its first exchange leaves a schema with no
+    whole batch after it: merge refuses it, naming it (nothing is in it to
+    lose by leaving it out), and writes nothing."""
+    from replayer import api
+    from replayer.errors import TraceError
+
+    good = tmp_path / "rec.arrow"
+    write_segment(good, 1_000_000, [("rec-000001", "S", "header", 100, [SYS, user("hi")], "r")])
+    schema_only = tmp_path / "rec.1.arrow"
+    write_segment(schema_only, 2_000_000, [])
+    schema_only.write_bytes(schema_only.read_bytes()[:-8])  # no end-of-stream: killed
+    with pytest.raises(TraceError, match=r"rec\.1\.arrow: .*nothing left to read"):
+        api.merge([good, schema_only], tmp_path / "all.arrow")
+    assert not (tmp_path / "all.arrow").exists()
+    api.merge([good], tmp_path / "all.arrow")
+    assert Trace.open(tmp_path / "all.arrow").column("request_id") == ["rec-000001"]
