@@ -12,10 +12,15 @@ def read_stream(path: Path) -> pa.Table:
     """Every whole batch of an IPC stream file (results.arrow, metrics.arrow).
 
     Those files are written batch by batch while a run goes on, so a killed
-    run leaves a torn last batch: it is dropped, never an error."""
+    run leaves a torn last batch: it is dropped, never an error. A run killed
+    before its first whole message leaves a file with no schema: an empty
+    table (no columns), not an error either."""
     batches: list[pa.RecordBatch] = []
     with pa.memory_map(str(path)) as src:
-        reader = ipc.open_stream(src)
+        try:
+            reader = ipc.open_stream(src)
+        except (pa.ArrowInvalid, OSError):
+            return pa.table({})
         schema = reader.schema
         while True:
             try:

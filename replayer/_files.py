@@ -1,15 +1,57 @@
 """Output files that never clobber or half-write: results are written to a
-temporary sibling and renamed into place only when complete."""
+temporary sibling and renamed into place only when complete; a write that
+fails (a full disk above all) becomes one :class:`~replayer.errors.OutputError`
+naming the file, never a traceback."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from replayer.errors import UsageError
+from replayer.errors import DiskFullError, OutputError, UsageError
+
+_NO_SPACE = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "no space left (disk quota exceeded)",
+    errno.EROFS: "no space left to write (read-only file system)",
+}
+
+
+def no_space(exc: BaseException) -> bool:
+    """Is ``exc`` a write refused for want of space (full, over quota, read-only)?"""
+    return isinstance(exc, OSError) and exc.errno in _NO_SPACE
+
+
+def output_error(exc: OSError, path: str | os.PathLike[str]) -> OutputError:
+    """The one error a failed write of ``path`` becomes: a full disk is bad
+    luck to report in one line (:class:`DiskFullError`), not a crash."""
+    problem = _NO_SPACE.get(exc.errno or 0)
+    if problem is not None:
+        return DiskFullError(path, problem, "free space and rerun")
+    return OutputError(path, f"cannot write: {exc.strerror or exc}")
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an ``OSError`` raised in the block into :func:`output_error` of ``path``."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise output_error(exc, path) from None
+
+
+def truncate_quietly(path: str | os.PathLike[str], size: int) -> None:
+    """Cut ``path`` back to ``size`` bytes (the end of its last whole record)
+    after a failed write: shrinking a file needs no space, so it works on
+    the disk that just refused the write."""
+    with contextlib.suppress(OSError):
+        os.truncate(path, size)
 
 
 @contextlib.contextmanager
@@ -75,3 +117,29 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
                 break
         at += len(line)
     return out
+
+
+def append_records(path: Path, records: list[bytes], *, sync: bool = True) -> None:
+    """Append ``records`` (whole lines, newline included) to a journal in
+    one write; ``sync`` makes them durable before returning.
+
+    All or nothing: a write the disk refuses part-way is cut back off, so
+    the file still ends on a whole line, and the refusal becomes one
+    :class:`~replayer.errors.OutputError`. (A kill inside the write leaves a
+    torn last line, which every reader drops.)"""
+    data = b"".join(records)
+    with writing(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        except OSError as exc:
+            truncate_quietly(path, start)
+            raise output_error(exc, path) from None
+    finally:
+        os.close(fd)

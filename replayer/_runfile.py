@@ -11,6 +11,7 @@ file and a rename: a reader never sees half a file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from replayer._files import writing
 from replayer.errors import ReplayerError
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
@@ -79,10 +81,17 @@ class JsonFile:
         return self.path(directory).is_file()
 
     def write(self, directory: Path, data: Mapping[str, Any]) -> Path:
-        """Write ``data`` stamped with the current version, atomically."""
+        """Write ``data`` stamped with the current version, atomically: on a
+        full disk the previous file stays as it was and no temporary is left
+        (:class:`~replayer.errors.DiskFullError` names the file)."""
         p = self.path(directory)
         body = {self.key: self.version, **{k: v for k, v in data.items() if k != self.key}}
         tmp = p.with_name(p.name + ".tmp")
-        tmp.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
-        os.replace(tmp, p)
+        try:
+            with writing(p):
+                tmp.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+                os.replace(tmp, p)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         return p

@@ -11,6 +11,8 @@ outcomes and target failures are values, never exceptions.
       ImportFormatError      # an importer was fed a file of another format
       TargetError            # launching, restarting or talking to the server under test
         LaunchError          # the server exited while loading, or never became ready
+      OutputError            # an output file (run directory, journal, bundle) cannot be written
+        DiskFullError        # ... because the disk is full, over quota or read-only
 """
 
 from __future__ import annotations
@@ -83,3 +85,20 @@ class TargetError(ReplayerError):
 class LaunchError(TargetError):
     """The server exited while loading, or did not become ready within its
     timeout; the message carries the reason and, when known, the log tail."""
+
+
+class OutputError(ReplayerError):
+    """An output file cannot be written. Raised once, by the first writer
+    that fails; the run stops there, and what was already written stays
+    whole (complete batches, whole journal lines, the previous file)."""
+
+    def __init__(self, path: object, problem: str, hint: str = "") -> None:
+        super().__init__(f"{path}: {problem}" + (f" ({hint})" if hint else ""))
+        self.path = str(path)
+        self.problem = problem
+
+
+class DiskFullError(OutputError):
+    """The disk is full (ENOSPC), the quota is spent (EDQUOT) or the file
+    system is read-only (EROFS): bad luck, not a bug; free space and rerun
+    (a bisect: ``--resume``)."""

@@ -44,3 +44,14 @@ def test_a_stream_with_no_batch_is_an_empty_table(tmp_path):
     p = write(tmp_path / "empty.arrow")
     table = read_stream(p)
     assert (table.num_rows, table.schema) == (0, SCHEMA)
+
+
+@pytest.mark.parametrize("cut", [0, 5])
+def test_a_file_killed_before_its_schema_is_an_empty_table(tmp_path, cut):
+    """A run killed before its first whole message (an empty file, or a
+    schema message cut short) leaves nothing to read, and that is no error."""
+    whole = write(tmp_path / "whole.arrow").read_bytes()
+    p = tmp_path / "cut.arrow"
+    p.write_bytes(whole[:cut])
+    table = read_stream(p)
+    assert (table.num_rows, table.num_columns) == (0, 0)

@@ -131,6 +131,8 @@ def read_samples(path: Path, names: Sequence[str]) -> dict[str, list[Any]]:
     ``names`` in a ``metrics.arrow`` (filtered in Arrow: a long run holds
     millions of samples, and the report wants a handful of series)."""
     table = read_stream(path)
+    if "name" not in table.column_names:  # killed before its first scrape
+        return {c: [] for c in ("t", "source", "name", "value")}
     table = table.filter(pc.is_in(table.column("name"), value_set=pa.array(list(names))))
     return {c: table.column(c).to_pylist() for c in ("t", "source", "name", "value")}
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replayer._files import writing
 from replayer.api._common import DEFAULT_WATCH, Say, TraceLike, _metrics, _stderr, _watch
 from replayer.api._replay import _vary_plan
 from replayer.errors import OptionError, UsageError
@@ -32,13 +33,20 @@ if TYPE_CHECKING:
 # -- bisect ----------------------------------------------------------------------------
 
 
+_STARTED = ("trials", "server.pid", "server.log")
+"""What a bisect leaves before its first trial is journaled."""
+
+
 def _bisect_dir(d: Path, resume: bool) -> Path:
-    """A new or empty directory, or one holding the journal to resume."""
+    """A new or empty directory, or one holding the journal to resume (or a
+    bisect killed before it journaled a trial: resuming it starts afresh)."""
     if d.exists() and any(d.iterdir()) and not resume:
         raise UsageError(f"{d} exists and is not empty: resume it, or pick another out")
-    if resume and not (d / "journal.jsonl").exists():
+    started = any((d / name).exists() for name in _STARTED)
+    if resume and not (d / "journal.jsonl").exists() and not started:
         raise UsageError(f"resume: {d} holds no journal.jsonl")
-    d.mkdir(parents=True, exist_ok=True)
+    with writing(d):
+        d.mkdir(parents=True, exist_ok=True)
     return d
 
 

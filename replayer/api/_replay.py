@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replayer._files import writing
 from replayer.api._common import (
     DEFAULT_WATCH,
     EndpointLike,
@@ -132,7 +133,10 @@ async def _replay_launched(
     summary = res.run.summary
     if res.signature is not None:
         summary["targets"][name]["failure"]["signature"] = res.signature.to_dict()
-        (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        with writing(run_dir / "summary.json"):
+            (run_dir / "summary.json").write_bytes(
+                orjson.dumps(summary, option=orjson.OPT_INDENT_2)
+            )
     return _result(res.run, res.signature)
 
 

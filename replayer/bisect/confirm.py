@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from replayer._files import read_jsonl
+from replayer._files import append_records, read_jsonl
 from replayer.bisect.oracle import Outcome
 from replayer.bisect.runner import observed
 from replayer.bisect.search import race, width_of
@@ -90,8 +90,7 @@ async def control_runs(b: Search, n: int) -> None:
         trial = b.trial(b.best, i + 1, "control", b.out / f"control/{i + 1:03d}", replace(b.chase))
         obs = observed(await runner.run(trial))
         entry = {"run": i + 1, "outcome": obs.outcome.value, "failure_class": obs.failure_class}
-        with done_path.open("ab") as f:
-            f.write(orjson.dumps(entry) + b"\n")
+        append_records(done_path, [orjson.dumps(entry) + b"\n"])
         b.say(f"control {control.name} {i + 1}/{n}: {obs.outcome.value}")
 
     await race(list(range(len(done), n)), one, limit=width_of(runner))

@@ -10,12 +10,13 @@ line) is version 0, the same events.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from replayer._files import append_records
 from replayer._runfile import JsonFile, RunFileError
 from replayer._version import __version__
 
@@ -30,6 +31,18 @@ VARIANTS = JsonFile("variants.json", 1, "a vary report")
 def journal_header() -> dict[str, Any]:
     """The first event of a new journal."""
     return {"event": "format", "format_version": JOURNAL_VERSION, "replayer": __version__}
+
+
+def append_journal(path: Path, events: Iterable[Mapping[str, Any]], *, sync: bool = True) -> None:
+    """Append ``events`` to the journal at ``path`` all or nothing (the
+    ``format`` event first in a new one); ``sync`` makes them durable before
+    the search acts on them. A full disk leaves the journal as it was and
+    raises :class:`~replayer.errors.DiskFullError`: a resume then repeats no
+    journaled trial."""
+    out = list(events)
+    if not path.exists() or path.stat().st_size == 0:
+        out.insert(0, journal_header())
+    append_records(path, [orjson.dumps(e) + b"\n" for e in out], sync=sync)
 
 
 def check_event(e: Mapping[str, Any], where: Path) -> None:

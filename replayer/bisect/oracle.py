@@ -5,7 +5,9 @@ of five :class:`Outcome` values, never a boolean. The :class:`Oracle` turns
 outcomes into verdicts: a candidate is interesting on its first ``MATCH``;
 it is dismissed after ``r`` quiet runs, ``r`` from the crash rate measured so
 far (:mod:`replayer.bisect.stats`); ``INFRA`` is retried, then dismissed as
-unresolved. ``OTHER_FAILURE`` is a *new bug*: recorded with its witness,
+unresolved; so is a trial whose failure was the network's (class
+``network``: a healthy server behind a broken way), whatever its runner
+called it. ``OTHER_FAILURE`` is a *new bug*: recorded with its witness,
 never accepted.
 
 Every trial and every verdict is appended to ``journal.jsonl`` before the
@@ -27,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -37,10 +38,11 @@ from typing import Any, Protocol
 import orjson
 
 from replayer._clock import REAL, Clock
-from replayer.bisect.files import journal_events, journal_header
+from replayer.bisect.files import append_journal, journal_events
 from replayer.bisect.search import bayes_prefix, binary_prefix, race, width_of
 from replayer.bisect.stats import repeats_for, wilson
 from replayer.session.verdict import Outcome as Outcome
+from replayer.session.verdict import infra_class
 
 
 @dataclass(frozen=True)
@@ -208,15 +210,10 @@ class Oracle:
                 f.truncate(at)
 
     def _append(self, *entries: dict[str, Any], sync: bool = True) -> None:
-        """Append ``entries`` in one write. Only trials are synced: a verdict or
-        mark lost with the unsynced tail is recomputed from the same records."""
-        if not self.journal.exists() or self.journal.stat().st_size == 0:
-            entries = (journal_header(), *entries)
-        with self.journal.open("ab") as f:
-            f.write(b"".join(orjson.dumps(e) + b"\n" for e in entries))
-            f.flush()
-            if sync:
-                os.fsync(f.fileno())
+        """Append ``entries`` all or nothing (a full disk leaves the journal as
+        it was). Only trials are synced: a verdict or mark lost with the
+        unsynced tail is recomputed from the same records."""
+        append_journal(self.journal, entries, sync=sync)
 
     def _account(self, cand: Candidate, rec: TrialRecord) -> None:
         key = cand.key()
@@ -316,6 +313,9 @@ class Oracle:
             )
             raise
         self.budget.spent_s = self._spent()
+        if infra_class(rec.failure_class) and rec.outcome is not Outcome.INFRA:
+            # the way to a healthy server broke: no evidence about the crash
+            rec.outcome = Outcome.INFRA
         self._account(cand, rec)
         self._append(
             {

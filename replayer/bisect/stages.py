@@ -37,7 +37,9 @@ async def calibrate(b: Search) -> None:
         if c[Outcome.MATCH] >= o.calibrate_matches or runs >= o.calibrate_runs:
             break
         if c[Outcome.INFRA] > 3:
-            raise NotReproducible("the target failed to launch repeatedly (see trials/)")
+            raise NotReproducible(
+                "the target failed to launch or could not be reached repeatedly (see trials/)"
+            )
         room, width = o.calibrate_runs - runs, b.oracle.width
         # on a pool a round runs on all servers but one (kept ready for the
         # next stage's first trial): the same rounds, and more runs before a

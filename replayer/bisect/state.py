@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from replayer._clock import REAL, Clock
+from replayer._files import writing
 from replayer.bisect.edit import Edit, materialize
 from replayer.bisect.oracle import Budget, Candidate, Oracle, Outcome, TrialRecord
 from replayer.bisect.runner import Runner, Trial, as_runner, observed
@@ -86,7 +87,10 @@ class _Trials:
         if isinstance(obs.signature, Signature):
             path = b.out / rel / "signature.json"
             if not path.exists():  # the real target writes its own
-                path.write_bytes(orjson.dumps(obs.signature.to_dict(), option=orjson.OPT_INDENT_2))
+                with writing(path):
+                    path.write_bytes(
+                        orjson.dumps(obs.signature.to_dict(), option=orjson.OPT_INDENT_2)
+                    )
         if outcome is Outcome.MATCH:
             if not c.pinned:
                 # the first crash of the full trace is the one this bisect chases
@@ -138,7 +142,8 @@ class Search:
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.signature: Signature | None = None
         self.started = self.clock.now()
-        out.mkdir(parents=True, exist_ok=True)
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
         self.oracle = Oracle(
             _Trials(self),
             out / "journal.jsonl",
@@ -222,7 +227,8 @@ class Search:
 
     def trial(self, cand: Candidate, number: int, stage: str, out: Path, chase: Chase) -> Trial:
         """What the runner is asked: ``cand``'s rows with its timing and speed."""
-        out.mkdir(parents=True, exist_ok=True)
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
         trace, rows = self.derived(cand)
         return Trial(
             trace=trace,

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from replayer._files import parse_json_or_toml, read_jsonl
+from replayer._files import append_records, parse_json_or_toml, read_jsonl
 from replayer.bisect.confirm import confirm_counts
 from replayer.bisect.files import VARIANTS
 from replayer.bisect.stats import rate_dict
@@ -604,8 +604,7 @@ async def _run_one(
                     "signature": res.signature.hash if res.signature else None,
                     "message": (res.message or res.unexercised or "")[:300] or None,
                 }
-                with jpath.open("ab") as f:
-                    f.write(orjson.dumps(entry) + b"\n")
+                append_records(jpath, [orjson.dumps(entry) + b"\n"])
                 done.append(entry)
                 say(f"variant {name} {i + 1}/{runs}: {outcome}")
                 failed = failed + 1 if res.outcome is Outcome.INFRA else 0

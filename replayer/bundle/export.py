@@ -30,8 +30,10 @@ from typing import Any
 
 import orjson
 
+from replayer._files import output_error
 from replayer._version import __version__
 from replayer.bundle.files import MANIFEST
+from replayer.errors import OutputError
 from replayer.trace.export import jsonl_lines
 from replayer.trace.model import RequestRecord
 from replayer.trace.reader import Trace
@@ -55,8 +57,36 @@ def write_bundle(
     edit: Callable[[RequestRecord], RequestRecord] | None = None,
 ) -> Path:
     """Write (or rewrite) a bundle directory atomically and its tarball;
-    ``edit`` rewrites the requests (what the bisect's shrink stage found)."""
+    ``edit`` rewrites the requests (what the bisect's shrink stage found).
+
+    On a full disk the previous bundle (and tarball) stay as they were, the
+    half-written copy is removed and one
+    :class:`~replayer.errors.DiskFullError` names the bundle."""
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        _write_bundle(out, tmp, trace, trace_sha256, rows, manifest, server_log,
+                      metrics_snapshot, trials, edit)  # fmt: skip
+    except OutputError as exc:  # a file inside the copy: name the bundle
+        raise type(exc)(out, exc.problem, "free space and rerun") from None
+    except OSError as exc:
+        raise output_error(exc, out) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _write_bundle(
+    out: Path,
+    tmp: Path,
+    trace: Trace,
+    trace_sha256: str,
+    rows: Sequence[int],
+    manifest: dict[str, Any],
+    server_log: str | None,
+    metrics_snapshot: str | None,
+    trials: Sequence[dict[str, Any]],
+    edit: Callable[[RequestRecord], RequestRecord] | None,
+) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -93,7 +123,6 @@ def write_bundle(
     else:
         os.replace(tmp, out)
     _tarball(out)
-    return out
 
 
 def _tarball(bundle: Path) -> Path:
@@ -103,8 +132,11 @@ def _tarball(bundle: Path) -> Path:
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(bundle, arcname=bundle.name)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, target)
+    try:
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 

@@ -7,7 +7,8 @@ imported (``replayer --help`` lists the others from :data:`COMMANDS`), and
 handlers import the library inside, so ``replayer --help`` and
 ``replayer VERB --help`` load no pyarrow, aiohttp, numpy or stage code.
 Every handler returns an exit code. A :class:`~replayer.errors.ReplayerError`
-becomes one line on stderr and exit code 2, never a traceback.
+becomes one line on stderr and exit code 2, never a traceback; so does a
+write refused for want of space that reached here as a bare ``OSError``.
 """
 
 from __future__ import annotations
@@ -172,6 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"replayer {args.command}: error: {flag_words(exc)}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        from replayer._files import no_space, output_error
+
+        if not no_space(exc):
+            raise
+        # a write no command turned into its own error: still one line, exit 2
+        where = exc.filename or getattr(args, "out", None) or "output"
+        print(f"replayer {args.command}: error: {output_error(exc, where)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         from replayer.replay.results import close_open_writers
 

@@ -14,8 +14,9 @@ before a failure can be written out whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from replayer._arrow import read_stream
 from replayer._async import wait_event
+from replayer._files import output_error, truncate_quietly, writing
 from replayer._http import pooled_connector
+from replayer.errors import OutputError
 
 log = logging.getLogger("replayer.monitor")
 
@@ -58,19 +61,30 @@ class Scrape:
 
 
 class MetricsWriter:
-    """Appends scrapes to an Arrow stream; one batch per scrape."""
+    """Appends scrapes to an Arrow stream; one batch per scrape.
 
-    def __init__(self, path: Path) -> None:
+    A scrape that cannot be written (a full disk) is cut back off the file,
+    so it ends on its last whole batch, and reported once to ``on_error``
+    (a replay stops on it); nothing is written after that. Without
+    ``on_error`` the error is raised, as any write error would be."""
+
+    def __init__(self, path: Path, on_error: Callable[[OutputError], None] | None = None) -> None:
         self.path = path
-        self._sink = pa.OSFile(str(path), "wb")
-        self._w = ipc.new_stream(
-            self._sink,
-            SCHEMA,
-            options=ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True),
-        )
+        self.on_error = on_error
+        self.failed = False
+        with writing(path):
+            self._sink = pa.OSFile(str(path), "wb")
+            self._w = ipc.new_stream(
+                self._sink,
+                SCHEMA,
+                options=ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True),
+            )
+            self._good = self._sink.tell()
         self.rows = 0
 
     def add(self, scrape: Scrape) -> int:
+        if self.failed:
+            return 0
         names, labels, values = [], [], []
         for n, lab, v in parse_samples(scrape.text):
             names.append(n)
@@ -89,15 +103,39 @@ class MetricsWriter:
             ],
             schema=SCHEMA,
         )
-        # each batch carries its own dictionaries: replacement, which streams allow
-        self._w.write_batch(batch)
-        self._sink.flush()
+        try:
+            # each batch carries its own dictionaries: replacement, which streams allow
+            self._w.write_batch(batch)
+            self._sink.flush()
+        except OSError as exc:
+            self._fail(exc)
+            return 0
+        self._good = self._sink.tell()
         self.rows += k
         return k
 
+    def _fail(self, exc: OSError) -> None:
+        self.failed = True
+        truncate_quietly(self.path, self._good)
+        err = output_error(exc, self.path)
+        if self.on_error is None:
+            raise err from None
+        self.on_error(err)
+
     def close(self) -> None:
-        if not self._sink.closed:
-            self._w.close()
+        if self._sink.closed:
+            return
+        if not self.failed:
+            try:
+                self._w.close()
+                self._sink.close()
+                return
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    self._sink.close()
+                self._fail(exc)
+                return
+        with contextlib.suppress(OSError):
             self._sink.close()
 
 

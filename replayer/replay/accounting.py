@@ -15,8 +15,10 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from replayer._files import writing
 from replayer.monitor.watch import FailureReport, InFlight, TargetWatch
 from replayer.replay.bodies import Bodies
 from replayer.replay.client import Endpoint, TargetFacts, is_target_failure
@@ -234,15 +236,17 @@ async def conclude(run: TargetRun) -> None:
                 and (r.done_us is None or r.done_us >= at_us)
                 and r is not first
             ]
-            run.report = w.report(
-                kind=f.kind,
-                message=f.message,
-                request_id=f.request_id,
-                seq=f.seq,
-                error_class=first.error_class if first else None,
-                http_status=first.http_status if first else None,
-                inflight=inflight,
-            )
+            # the report writes the last scrape before the failure beside the results
+            with writing(Path(w.out or ".") / f"metrics-before-failure-{w.name}.txt"):
+                run.report = w.report(
+                    kind=f.kind,
+                    message=f.message,
+                    request_id=f.request_id,
+                    seq=f.seq,
+                    error_class=first.error_class if first else None,
+                    http_status=first.http_status if first else None,
+                    inflight=inflight,
+                )
     finally:
         await w.stop()
         run.prefix_cache = w.prefix_cache()

@@ -3,11 +3,14 @@
 Every request of the selection appears exactly once per target, sent or not,
 with the reason (``status``). Rows stream to ``RUN/results.arrow`` (Arrow IPC
 stream, flushed at least every second), so a replayer killed mid-run keeps what it
-measured. Times are microseconds after the shared anchor T0.
+measured: every whole batch (a torn last one is dropped on reading), and a
+full disk ends the file on its last whole batch. Times are microseconds after the shared anchor T0.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -20,7 +23,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from replayer._arrow import read_stream
+from replayer._files import output_error, truncate_quietly, writing
 from replayer._version import __version__
+from replayer.errors import OutputError
 
 
 class Status(StrEnum):
@@ -113,7 +118,12 @@ class ResultsWriter:
 
     ``on_add`` sees every result as it is added: every request of a replay
     passes here exactly once, so live counters fed from it (``--metrics-port``,
-    :mod:`replayer.telemetry`) agree with the file by construction."""
+    :mod:`replayer.telemetry`) agree with the file by construction.
+
+    A batch that cannot be written (a full disk) is cut back off the file,
+    so it ends on its last whole batch; :attr:`error` holds the one
+    :class:`~replayer.errors.OutputError`, ``on_error`` hears it once (the
+    replay stops on it), and nothing more is written."""
 
     def __init__(
         self,
@@ -121,27 +131,47 @@ class ResultsWriter:
         flush_interval: float = 1.0,
         *,
         on_add: Callable[[Result], None] | None = None,
+        on_error: Callable[[OutputError], None] | None = None,
     ) -> None:
         self.path = path
         self.on_add = on_add
-        self._sink = pa.OSFile(str(path), "wb")
-        # lz4, not zstd: a batch is written on the event loop, and zstd's
-        # per-buffer set-up made a 256-row batch cost 1.2 ms there (lz4:
-        # 0.2 ms, for a file ~1.8x larger: a few MB per 100,000 requests)
-        self._w = ipc.new_stream(self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression="lz4"))
+        self.on_error = on_error
+        self.error: OutputError | None = None
         self._rows: list[Result] = []
         self._interval = flush_interval
         self._last = time.monotonic()
         self.written = 0
-        # pyarrow writes the schema with the first batch: an empty one now,
-        # so the file is a readable (empty) stream however the run ends
-        self._w.write_batch(pa.RecordBatch.from_pylist([], schema=SCHEMA))
-        self._sink.flush()
+        # the schema is written to a temporary file renamed into place: a
+        # results.arrow that exists is a readable stream, whenever a kill came
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            with writing(path):
+                self._sink = pa.OSFile(str(tmp), "wb")
+                # lz4, not zstd: a batch is written on the event loop, and zstd's
+                # per-buffer set-up made a 256-row batch cost 1.2 ms there (lz4:
+                # 0.2 ms, for a file ~1.8x larger: a few MB per 100,000 requests)
+                self._w = ipc.new_stream(
+                    self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression="lz4")
+                )
+                # pyarrow writes the schema with the first batch: an empty one now
+                self._w.write_batch(pa.RecordBatch.from_pylist([], schema=SCHEMA))
+                self._sink.flush()
+                os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError, AttributeError):
+                self._sink.close()
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+        self._good = self._sink.tell()
+        """Bytes of whole batches: where a failed write is cut back to."""
         _open.add(self)
 
     def add(self, r: Result) -> None:
         if self.on_add is not None:
             self.on_add(r)
+        if self.error is not None:
+            return
         self._rows.append(r)
         # A batch is written on the event loop: a second of a fast replay's
         # results at once (~900 rows) held it ~30 ms; 256 rows hold it a few.
@@ -158,23 +188,45 @@ class ResultsWriter:
             self.flush()
 
     def flush(self) -> None:
-        if self._rows:
+        """Write the pending rows as one batch; never raises for a failed
+        write (see the class doc)."""
+        if self._rows and self.error is None:
             cols = {n: [getattr(r, n) for r in self._rows] for n in FIELDS}
             cols["status"] = [s.value if s is not None else None for s in cols["status"]]
             batch = pa.record_batch([pa.array(cols[n], _TYPES[n]) for n in FIELDS], schema=SCHEMA)
-            self._w.write_batch(batch)
+            try:
+                self._w.write_batch(batch)
+                self._sink.flush()
+            except OSError as exc:
+                self._fail(exc)
+                return
             self.written += len(self._rows)
             self._rows.clear()
-            self._sink.flush()
+            self._good = self._sink.tell()
         self._last = time.monotonic()
 
+    def _fail(self, exc: OSError) -> None:
+        truncate_quietly(self.path, self._good)
+        self._rows.clear()
+        self.error = output_error(exc, self.path)
+        if self.on_error is not None:
+            self.on_error(self.error)
+
     def close(self) -> None:
+        """Flush and end the stream; after a failed write, only let go of the
+        file (it already ends on its last whole batch)."""
         _open.discard(self)
         if self._sink.closed:
             return
         self.flush()
-        self._w.close()
-        self._sink.close()
+        if self.error is None:
+            try:
+                self._w.close()
+                self._sink.flush()
+            except OSError as exc:  # the end-of-stream mark: the batches stand without it
+                self._fail(exc)
+        with contextlib.suppress(OSError):
+            self._sink.close()
 
 
 _open: weakref.WeakSet[ResultsWriter] = weakref.WeakSet()

@@ -191,8 +191,11 @@ class Pool:
 
         tmp = self.state_file.with_name(f".{self.state_file.name}.tmp")
         with contextlib.suppress(OSError):
-            tmp.write_text(json.dumps({"pool": self.name, "servers": self.states()}) + "\n")
-            os.replace(tmp, self.state_file)
+            try:
+                tmp.write_text(json.dumps({"pool": self.name, "servers": self.states()}) + "\n")
+                os.replace(tmp, self.state_file)
+            finally:
+                tmp.unlink(missing_ok=True)  # no half-written copy left on a full disk
 
     def note_failure(self, slot: Slot, reason: str) -> None:
         """A trial found ``slot`` would not start (INFRA): count it toward
