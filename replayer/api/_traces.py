@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,26 @@ from replayer.options import (
 from replayer.session import open_trace
 
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def _output(path: str | os.PathLike[str], *, force: bool) -> Iterator[Path]:
+    """A temporary sibling of ``path``, renamed into place when the block
+    succeeds and removed when it fails; a failed write of it (a full disk)
+    is one :class:`~replayer.errors.OutputError` naming ``path``. An
+    ``OSError`` about another file (a source being read) is not ours."""
+    from replayer._files import atomic_output, no_space, output_error
+
+    tmp: Path | None = None
+    try:
+        with atomic_output(Path(path), force=force) as tmp:
+            yield tmp
+    except OSError as exc:
+        other = exc.filename is not None and tmp is not None and Path(exc.filename) != tmp
+        if other and not no_space(exc):
+            raise
+        raise output_error(exc, path) from None
 
 
 def inspect(
@@ -61,16 +81,17 @@ def export(
     """Every request (or the selection), full body, in trace order, as
     ``jsonl`` (replayer rows), ``aiperf`` (mooncake_trace rows) or
     ``aiperf-inputs`` (an AIPerf inputs.json)."""
-    from replayer._files import atomic_output
     from replayer.replay.plan import select
     from replayer.trace.export import export_path
+    from replayer.trace.verify import check_invariants
 
     t = open_trace(trace)
+    check_invariants(t)  # batches are matched and bodies sized as they are written
     sel = selection or Selection()
     rows = select(t, limit=sel.limit, sessions=sel.sessions, requests=sel.requests)
     if not rows and not sel.everything:
         raise UsageError("the selection is empty: nothing to export")
-    with atomic_output(Path(output), force=force) as tmp:
+    with _output(output, force=force) as tmp:
         n, skipped = export_path(t, tmp, format, rows)
     return Written(Path(output), n, {"skipped": list(skipped)})
 
@@ -79,11 +100,10 @@ def synth(
     output: str | os.PathLike[str], options: SynthOptions | None = None, *, force: bool = False
 ) -> Written:
     """Synthesize agent sessions into a trace (a pure function of the options' seed)."""
-    from replayer._files import atomic_output
     from replayer.trace import synth as _synth
 
     o = options or SynthOptions()
-    with atomic_output(Path(output), force=force) as tmp:
+    with _output(output, force=force) as tmp:
         n = _synth.write_trace(tmp, o)
     return Written(Path(output), n, {"roomy": o.roomy()})
 
@@ -103,7 +123,6 @@ def import_trace(
     import argparse
     import time
 
-    from replayer._files import atomic_output
     from replayer.trace.importers import IMPORTERS, details, load
     from replayer.trace.model import TraceMeta
     from replayer.trace.writer import TraceWriter
@@ -123,7 +142,7 @@ def import_trace(
         details={"sources": [str(s) for s in srcs], **details(mod, srcs, opts)},
     )
     last = time.monotonic()
-    with atomic_output(Path(output), force=force) as tmp, TraceWriter(tmp, meta, form="file") as w:
+    with _output(output, force=force) as tmp, TraceWriter(tmp, meta, form="file") as w:
         for rec in mod.records(srcs, opts):
             w.add(rec)
             now = time.monotonic()
@@ -142,10 +161,11 @@ def merge(
 ) -> Any:
     """Join recording segments into one trace: rows in trace order on one
     clock, sessions re-linked across restarts, request-id collisions renamed."""
-    from replayer._files import atomic_output
     from replayer.record.segments import merge as _merge
 
-    with atomic_output(Path(output), force=force) as tmp:
+    for s in segments:  # rows are rebuilt and renamed: a damaged one would pass for recorded
+        open_trace(s).verify()
+    with _output(output, force=force) as tmp:
         return _merge([Path(s) for s in segments], tmp)
 
 
@@ -158,11 +178,10 @@ def convert(
 ) -> Written:
     """Rewrite a trace of an older schema version at the current one (verified
     in full first): same rows in the same order, same bodies, fresh digests."""
-    from replayer._files import atomic_output
     from replayer.trace.convert import convert as _convert
 
     t = open_trace(trace)
     t.verify()
-    with atomic_output(Path(output), force=force) as tmp:
+    with _output(output, force=force) as tmp:
         rows, batches = _convert(t, tmp, form=form)
     return Written(Path(output), rows, {"batches": batches, "from": t.schema_version})

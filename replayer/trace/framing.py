@@ -95,7 +95,7 @@ def check_framing(
     if stream:
         if framing.eos and framing.end != body.size:
             raise corrupt(path, "end of stream", f"{body.size - framing.end:,} bytes after it")
-        return False
+        return not framing.eos  # cut at a message boundary: the writer never closed it
     if not trailer:
         if framing.end != body.size:
             raise corrupt(path, "file footer", "damaged (no trailing ARROW1 marker)")

@@ -85,6 +85,9 @@ from replayer.trace.verify import Cell, VerifyReport
 log = logging.getLogger("replayer.trace")
 
 _FILE_MAGIC = b"ARROW1"
+NOTHING_LEFT = "torn before its first batch was complete (writer interrupted): nothing left to read"
+"""What every reader says of a torn trace with no complete batch: an empty
+read would pass for a trace that recorded nothing."""
 _CONTENT = ("messages", "text", "blocks", "params")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -196,6 +199,8 @@ class Trace:
         try:
             self.provenance: dict[str, Any] = orjson.loads(meta.get(META_PROVENANCE, b"{}"))
             tok = orjson.loads(meta.get(META_TOKENS, b"{}"))
+            if not isinstance(self.provenance, dict) or not isinstance(tok, dict | None):
+                raise ValueError("provenance and tokens must be JSON objects")
             recorded = TokenSpace(**tok) if tok else TokenSpace()
         except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             raise corrupt(path, "header", f"schema metadata unreadable ({short(exc)})") from None
@@ -291,6 +296,8 @@ class Trace:
                 preludes.append(b"".join(prelude))
             else:
                 prelude.append(msg.serialize().to_pybytes())
+        if torn and not messages:
+            raise corrupt(p, "batch 0", NOTHING_LEFT)
         if torn:
             log.warning(
                 "%s: incomplete tail dropped (writer was interrupted); %d complete batches kept",
@@ -320,7 +327,7 @@ class Trace:
         """Read ``rows`` (default: every row) as a replay would, before
         anything is sent: decode the batches holding them and their delta
         bases (matching their digests), rebuild each body and match its length
-        with ``body_bytes``; for the whole trace, also the index invariants
+        with ``body_bytes``; and (whatever the selection) the index invariants
         (:func:`~replayer.trace.verify.check_invariants`). Raises
         :class:`TraceCorruptError` naming the first bad batch or row.
 

@@ -3,7 +3,7 @@
 :func:`verify` reads rows as a replay would, before anything is sent:
 it decodes the batches holding them and their delta bases (each matched
 against its column digests as it decodes), rebuilds every body and matches
-its length with the row's ``body_bytes``; over the whole trace it also
+its length with the row's ``body_bytes``; whatever the selection, it also
 checks the index invariants every writer guarantees
 (:func:`check_invariants`).
 
@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from replayer.trace import content as cx
 from replayer.trace.digests import corrupt, short
+from replayer.trace.model import RequestRecord
 from replayer.trace.schema import TRACE_SCHEMA_VERSION, Kind
 from replayer.trace.tokens import TokenSpace
 
@@ -71,6 +72,7 @@ class Readable(Protocol):
         cell: Cell | None = None,
     ) -> bytes: ...
     def prompt_json_len(self, input_tokens: int) -> int | None: ...
+    def record(self, row: int, content: Any = None) -> RequestRecord: ...
 
 
 @dataclass(slots=True)
@@ -141,7 +143,8 @@ def verify(
     """Read ``rows`` of ``trace`` (default: every row) as a replay would (see
     the module doc); raise :class:`~replayer.errors.TraceCorruptError` naming
     the first bad batch or row. Streaming: memory stays bounded whatever the
-    trace's size. ``bodies=False`` only decodes and matches the batches."""
+    trace's size. ``bodies=False`` only decodes and matches the batches (and
+    checks the index invariants)."""
     report = VerifyReport(
         path=trace.path,
         schema_version=trace.schema_version,
@@ -149,8 +152,9 @@ def verify(
         footer=trace.form == "file" and not trace.torn_tail,
         torn_tail=trace.torn_tail,
     )
-    if rows is None and bodies:
-        report.invariants = check_invariants(trace)
+    # Always, and over the whole index (cheap): a duplicated, dropped or moved
+    # batch reads as batches that each match their digests, and shows only here.
+    report.invariants = check_invariants(trace)
     selected = list(trace.order) if rows is None else list(rows)
     if not bodies:
         ks = range(trace.num_batches) if rows is None else batches_of(trace, selected)
@@ -165,8 +169,10 @@ def verify(
     for row, content, cell in trace.sequential(selected):
         report.bodies += 1
         # A blocks prompt is a pure function of ids already matched: size it
-        # as the writer did instead of generating every token.
-        fixed = trace.prompt_json_len(ntok[row]) if kinds[row] == Kind.BLOCKS else None
+        # as the writer did instead of generating every token. Without
+        # digests (schema v1) nothing is matched: the body is built in full.
+        blocks = kinds[row] == Kind.BLOCKS and report.digests
+        fixed = trace.prompt_json_len(ntok[row]) if blocks else None
         try:
             if fixed is not None:
                 params = trace.params_text(row, cell)
@@ -177,6 +183,10 @@ def verify(
                 if not report.digests:
                     orjson.loads(body)
                 size = len(body)
+            if not report.digests:
+                # nothing matched a digest: every JSON cell the record holds
+                # (its outcome, its meta) must parse, as convert will ask
+                trace.record(row, content)
         except orjson.JSONDecodeError as exc:
             raise corrupt(
                 trace.path, f"row {row} ({ids[row]})", f"body is not JSON ({short(exc)})"

@@ -13,6 +13,7 @@ import pytest
 from replayer.trace import Trace, TraceMeta, TraceWriter
 from replayer.trace.synth import SynthOptions, sessions
 from tests.helpers.cli import assert_one_line_error, run
+from tests.helpers.disk import fill, small_disk
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +125,37 @@ def test_inspect_takes_replays_selection(capsys):
     assert info["turns_per_session"]["max"] == 10
     assert main(["inspect", str(sample), "--limit", "-1"]) == 2
     assert capsys.readouterr().err == "replayer inspect: error: --limit must not be negative\n"
+
+
+# -- a full disk --------------------------------------------------------------------------
+
+
+def _writers(src: Path, jsonl: Path, out: Path) -> dict[str, list[object]]:
+    return {
+        "import": ["import", "openai-jsonl", jsonl, "-o", out],
+        "synth": ["synth", "--sessions", 8, "--turns", 6, "--context", 20_000, "-o", out],
+        "trace merge": ["trace", "merge", src, "-o", out],
+        "trace convert": ["trace", "convert", src, "-o", out],
+        "export": ["export", src, "-o", out],
+    }
+
+
+@pytest.mark.parametrize("command", ["import", "synth", "trace merge", "trace convert", "export"])
+def test_a_full_disk_is_one_line_and_leaves_no_output(synth_trace, tmp_path, command):
+    """The output's disk fills while it is written: exit 2, one line naming
+    the output, no traceback, and nothing left under the output's name or a
+    temporary one; an older output given --force stays as it was."""
+    jsonl = tmp_path / "src.jsonl"
+    assert run("export", synth_trace, "-o", jsonl).returncode == 0
+    with small_disk(tmp_path, "256k") as disk:
+        out = disk / "out.arrow"
+        fill(disk, leave=16 * 1024)
+        res = run(*_writers(synth_trace, jsonl, out)[command])
+        assert_one_line_error(res, f"{out}: no space left on device (free space and rerun)")
+        assert sorted(p.name for p in disk.iterdir()) == ["ballast"]
+        old = b"an older output, kept whole"
+        out.write_bytes(old)
+        res = run(*_writers(synth_trace, jsonl, out)[command], "--force")
+        assert_one_line_error(res, f"{out}: no space left on device")
+        assert sorted(p.name for p in disk.iterdir()) == ["ballast", "out.arrow"]
+        assert out.read_bytes() == old

@@ -12,6 +12,7 @@ import pytest
 from replayer.errors import TraceCorruptError, TraceError
 from replayer.trace import Trace
 from replayer.trace.framing import scan
+from replayer.trace.reader import NOTHING_LEFT
 from tests.helpers.traces import write_current
 
 pytestmark = pytest.mark.inprocess
@@ -48,13 +49,15 @@ def test_every_flip_is_damage_or_changes_nothing(tmp_path, form):
 @pytest.mark.parametrize("form", ["file", "stream"])
 def test_every_cut_is_a_torn_tail_or_refused(tmp_path, form, caplog):
     """A prefix of a trace (a killed writer, for a stream) keeps its complete
-    batches; only a cut inside an IPC file's footer, or before the first
-    batch's schema is complete, is refused."""
+    batches; a cut inside an IPC file's footer, before the schema is complete,
+    or before the first batch is complete (nothing left), is refused."""
     path = write_current(tmp_path / "t.arrow", form=form)
     data = path.read_bytes()
     body = pa.py_buffer(data[8:] if form == "file" else data)
     framing = scan(body)
     footer_at = (8 + framing.end) if form == "file" else len(data)
+    first_end = next(b for m, _, b in framing.messages if m.type == "record batch")
+    first_end += 8 if form == "file" else 0
     cut_path = tmp_path / "cut.arrow"
     caplog.set_level(logging.ERROR, logger="replayer.trace")
     for cut in range(1, len(data), 61):
@@ -62,14 +65,17 @@ def test_every_cut_is_a_torn_tail_or_refused(tmp_path, form, caplog):
         try:
             t = Trace.open(cut_path)
         except TraceCorruptError as exc:
-            assert form == "file" and cut > footer_at, (cut, exc)
+            if cut < first_end:
+                assert str(exc).endswith(f"batch 0: {NOTHING_LEFT}"), (cut, exc)
+            else:
+                assert form == "file" and cut > footer_at, (cut, exc)
             continue
         except TraceError as exc:
             assert "not an Arrow IPC file or stream" in str(exc), (cut, exc)
             continue
         t.verify()
         assert t.torn_tail or cut == len(data)
-        assert len(t) in (0, 3, 6, 9, 12, 14)
+        assert len(t) in (3, 6, 9, 12, 14)
 
 
 def test_bytes_after_the_end_of_stream_are_damage(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 
 import orjson
 import pyarrow as pa
@@ -30,7 +31,8 @@ def test_verify_reads_the_selection_and_its_delta_bases_only(tmp_path):
     assert len(chain) > 1  # the last chat turn deltas on rows of earlier batches
     report = t.verify([last])
     assert (report.bodies, report.lengths, report.batches) == (1, 1, len(chain))
-    assert report.invariants == []  # only the whole trace has invariants to check
+    # a selection still checks the whole index: a repeated or moved batch shows only there
+    assert len(report.invariants) == 4
     assert t.verify(bodies=False).batches == t.num_batches == 5
     full = t.verify()
     assert (full.bodies, full.lengths, full.digests, full.footer) == (14, 14, True, True)
@@ -90,9 +92,11 @@ def test_damage_without_digests_is_found(tmp_path, name, row, value, full, selec
     with pytest.raises(TraceCorruptError) as exc:
         t.verify()
     assert where in str(exc.value) and (full or selected) in str(exc.value), exc.value
-    if selected is not None:
-        with pytest.raises(TraceCorruptError, match=f"row {row} .*{selected[:12]}"):
-            t.verify([row])
+    # a selection is checked against the whole index first, then its bodies
+    with pytest.raises(
+        TraceCorruptError, match=f"row {row} .*{re.escape((full or selected)[:12])}"
+    ):
+        t.verify([row])
 
 
 def test_a_damaged_message_text_is_not_json(tmp_path):
