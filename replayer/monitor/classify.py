@@ -22,6 +22,17 @@ we launched it), and the hang watchdog. The rules, in order:
 5. ``http_5xx_other``: any other 5xx or in-stream error with a healthy server
    (vLLM's per-request internal errors, admission 503s).
 6. ``client_error``: a 4xx. Recorded, never a crash.
+
+Before all of them, ``network``: the requests reach the target through a hop
+the monitor bypasses (a proxy, a tunnel, a load balancer: ``--monitor-url``
+names the target's own address), the first failure is the transport's (a
+refused connect, a reset or cut stream; or a timeout or hang while the
+target's own metrics show it idle, nothing running or waiting), the process
+is alive, and the target's own ``/health`` answered 200 on every probe from
+the failure to the end of the settle window. The server was fine; the way to
+it was not. Not a crash: a trial that ends so is infrastructure (``INFRA``).
+Without a known hop the client's view alone cannot tell a proxy's reset
+from the server's, and the rules above apply unchanged.
 """
 
 from __future__ import annotations
@@ -42,10 +53,12 @@ class FailureClass(StrEnum):
     STREAM_CUT = "stream_cut"
     HTTP_5XX_OTHER = "http_5xx_other"
     CLIENT_ERROR = "client_error"
+    NETWORK = "network"
+    """The way to a healthy target failed (see the module docstring)."""
 
     @property
     def is_crash(self) -> bool:
-        return self is not FailureClass.CLIENT_ERROR
+        return self not in (FailureClass.CLIENT_ERROR, FailureClass.NETWORK)
 
 
 # The messages vLLM puts in 500 bodies and in-stream error events when the
@@ -82,12 +95,36 @@ class Evidence:
     """The progress watchdog fired."""
     death_bodies: int = 0
     """Failed requests whose body carried an engine-death message."""
+    direct: bool = False
+    """``probes_after`` were answered at the target's own address while the
+    requests took another way (through a network hop)."""
+    idle: bool | None = None
+    """The target's own metrics after the failure: nothing running or
+    waiting (None: not known)."""
+
+
+CUT = frozenset({"connect", "disconnected", "stream_cut"})
+"""Transport failures where the connection itself broke."""
+WAIT = frozenset({"timeout", "hang"})
+"""Transport failures where nothing came back in time."""
+
+
+def network_failed(ev: Evidence) -> bool:
+    """The ``network`` rule of the module docstring."""
+    probes = list(ev.probes_after)
+    if not ev.direct or ev.process_exited or not probes or not all(p.ok for p in probes):
+        return False
+    if ev.error_class in CUT:
+        return True
+    return (ev.hang or ev.error_class in WAIT) and ev.idle is True
 
 
 def classify(ev: Evidence) -> FailureClass:
     probes = list(ev.probes_after)
     refused = any(p.error == "refused" for p in probes)
     healthy_at_end = bool(probes) and probes[-1].ok
+    if network_failed(ev):
+        return FailureClass.NETWORK
     if ev.hang or (ev.error_class == "timeout" and healthy_at_end):
         return FailureClass.HANG
     if ev.process_exited or refused or ev.error_class == "connect":

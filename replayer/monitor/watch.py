@@ -39,6 +39,7 @@ from replayer._clock import REAL, Clock
 from replayer.monitor.classify import Evidence, FailureClass, classify, is_engine_death_message
 from replayer.monitor.health import HealthMonitor, Probe
 from replayer.monitor.metrics import MetricsScraper, MetricsWriter
+from replayer.monitor.metrics import counter_sum as gauge_sum
 from replayer.options.monitor import WatchConfig as WatchConfig
 
 log = logging.getLogger("replayer.monitor")
@@ -136,8 +137,15 @@ class TargetWatch:
     failed_at: float | None = None
     death_bodies: int = 0
     clock: Clock = REAL
+    direct_url: str | None = None
+    """The target's own address, when requests reach it through a hop (a
+    proxy, a tunnel): ``/health`` and ``/metrics`` are read there, so a
+    broken way to a healthy target is told from a crash (``network``). A
+    :class:`HealthMonitor` of another address than ``url`` given as
+    ``prober`` is that address."""
     prober: InitVar[Health | None] = None
-    """The ``/health`` prober; default a :class:`HealthMonitor` of ``url``."""
+    """The ``/health`` prober; default a :class:`HealthMonitor` of
+    ``direct_url`` or else ``url``."""
     health: Health = field(init=False)
     scraper: MetricsScraper = field(init=False)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -146,10 +154,14 @@ class TargetWatch:
 
     def __post_init__(self, prober: Health | None) -> None:
         c = self.config
+        other = isinstance(prober, HealthMonitor) and prober.url.rstrip("/") != self.url.rstrip("/")
+        if self.direct_url is None and other:
+            assert isinstance(prober, HealthMonitor)
+            self.direct_url = prober.url
         self.health = prober or HealthMonitor(
-            self.url, interval=c.health_interval, timeout=c.health_timeout
+            self.direct_url or self.url, interval=c.health_interval, timeout=c.health_timeout
         )
-        sources = ([self.url.rstrip("/") + "/metrics"] if c.scrape_target else []) + list(c.scrape)
+        sources = ([self.metrics_url] if c.scrape_target else []) + list(c.scrape)
         self.scraper = MetricsScraper(sources, self.writer, interval=c.scrape_interval)
 
     async def prime(self) -> None:
@@ -167,6 +179,11 @@ class TargetWatch:
         ]
         if self.scraper.sources:
             self._tasks.append(spawn(self.scraper.run(self._stop), name=f"scrape-{self.name}"))
+
+    @property
+    def metrics_url(self) -> str:
+        """The target's own ``/metrics`` (past any hop)."""
+        return (self.direct_url or self.url).rstrip("/") + "/metrics"
 
     def now(self) -> float:
         """Seconds since T0."""
@@ -288,6 +305,8 @@ class TargetWatch:
             if last is not None and last.error == "refused" and last.t >= self.failed_at:
                 break
             await clock.sleep_until(min(clock.now() + 0.1, deadline))
+        if self.direct_url is not None and self.config.scrape_target:
+            await self.scraper.final()  # is it idle now? (see _idle)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -312,12 +331,24 @@ class TargetWatch:
         """Prefix-cache hits and queries (tokens) over the run, from the
         server's own counters: vLLM reports per-request cached tokens only
         with ``--enable-prompt-tokens-details``, its counters always."""
-        url = self.url.rstrip("/") + "/metrics"
+        url = self.metrics_url
         hits = self.scraper.counter_delta(url, "vllm:prefix_cache_hits_total")
         queries = self.scraper.counter_delta(url, "vllm:prefix_cache_queries_total")
         if hits is None or queries is None:
             return None
         return {"hits": hits, "queries": queries}
+
+    def _idle(self, at: float) -> bool | None:
+        """Whether the target's own metrics, scraped after ``at``, show no
+        request running or waiting (None: no such scrape)."""
+        s = self.scraper.last.get(self.metrics_url)
+        if s is None or s.t < at:
+            return None
+        running = gauge_sum(s.text, "vllm:num_requests_running")
+        waiting = gauge_sum(s.text, "vllm:num_requests_waiting")
+        if running is None:
+            return None
+        return running == 0 and not waiting
 
     def report(
         self,
@@ -349,8 +380,15 @@ class TargetWatch:
             process_exited=self.process is not None and self.process.exited(),
             hang=self.hang,
             death_bodies=self.death_bodies,
+            direct=self.direct_url is not None,
+            idle=self._idle(at),
         )
         cls = classify(ev)
+        if cls is FailureClass.NETWORK:
+            message = (
+                f"{message} (network: the target answered /health 200 at "
+                f"{self.direct_url} throughout; the way to it at {self.url} failed)"
+            )
         metrics_file = None
         snap = self.scraper.before(at)
         if self.out is not None and snap:

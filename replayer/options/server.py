@@ -121,8 +121,19 @@ class Endpoint(Declared):
     url: str = option("http://127.0.0.1:8000", "base URL (paths come from the trace)", cli=False)
     """Base URL, e.g. ``http://10.0.0.3:8000`` (paths come from the trace)."""
     api_key: str | None = option(None, "its API key", cli=False, secret=True)
+    monitor_url: str | None = option(
+        None, "where its /health and /metrics are read, when not at url", cli=False
+    )
+    """The server's own address when requests reach it through a proxy, a
+    tunnel or a load balancer: a transport failure while this stays healthy
+    is the network's (class ``network``), not the server's."""
 
     def validate(self) -> None:
+        if self.monitor_url is not None:
+            problem = _http(self.monitor_url)
+            if problem is not None:
+                raise OptionError("monitor_url", problem)
+            object.__setattr__(self, "monitor_url", self.monitor_url.rstrip("/"))
         problem = _http(self.url)
         if problem is not None:
             raise OptionError("endpoints", problem.replace("must start", "the URL must start"))
@@ -178,6 +189,14 @@ class Targets(Declared):
         metavar="NAME=env:VAR|file:PATH",
         verbs=frozenset({"replay", "sweep"}),
     )
+    target_health: tuple[str, ...] = option(
+        (),
+        "read a target's /health and /metrics at its own address (when requests go "
+        "through a proxy or tunnel: a transport failure while it stays healthy is the "
+        "network's, not a crash) (repeatable)",
+        metavar="[NAME=]URL",
+        verbs=frozenset({"replay", "sweep"}),
+    )
 
     def api_key(self) -> str | None:
         """The key for every target: ``api_key_file``, ``api_key_env``, or
@@ -201,6 +220,17 @@ class Targets(Declared):
             if not sep:
                 raise OptionError("target_key", f"wants NAME=env:VAR|file:PATH, not {spec!r}")
             keys[name] = read_key(ref, "target_key")
+        health: dict[str, str] = {}
+        for spec in self.target_health:
+            name, sep, url = spec.partition("=")
+            if not sep or "://" in name:
+                if len(self.target) != 1:
+                    raise OptionError(
+                        "target_health",
+                        f"{spec!r}: name the target (NAME=URL) when there are several",
+                    )
+                name, url = "", spec
+            health[name] = url
         out: list[Endpoint] = []
         for spec in self.target:
             name, sep, url = spec.partition("=")
@@ -212,12 +242,18 @@ class Targets(Declared):
                 )
             if any(t.name == name for t in out):
                 raise OptionError("target", f"names {name!r} twice")
-            out.append(Endpoint(name=name, url=url, api_key=keys.get(name, default_key)))
-        unknown = set(keys) - {t.name for t in out}
-        if unknown:
-            raise OptionError(
-                "target_key", f"names unknown target(s): {', '.join(sorted(unknown))}"
+            out.append(
+                Endpoint(
+                    name=name,
+                    url=url,
+                    api_key=keys.get(name, default_key),
+                    monitor_url=health.get(name, health.get("") if len(self.target) == 1 else None),
+                )
             )
+        for param, named in (("target_key", keys), ("target_health", health)):
+            unknown = set(named) - {t.name for t in out} - {""}
+            if unknown:
+                raise OptionError(param, f"names unknown target(s): {', '.join(sorted(unknown))}")
         return out
 
 

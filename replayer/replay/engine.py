@@ -26,6 +26,7 @@ resolve, bounded by the request timeout; everything never sent is recorded
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ import aiohttp
 
 from replayer._async import spawn
 from replayer._clock import REAL, Clock
+from replayer._files import output_error
+from replayer.errors import OutputError
 from replayer.monitor.metrics import MetricsWriter
 from replayer.monitor.watch import Health, ProcessProbe, TargetWatch, WatchConfig
 from replayer.replay import client
@@ -104,12 +107,21 @@ class Replay:
         self.transport = transport
         self.probers = probers or {}
         self.metrics: MetricsWriter | None = None
+        self.output_error: OutputError | None = None
+        """The first output file that could not be written (a full disk):
+        the replay stopped on it (:meth:`fail_output`)."""
+        self._running: asyncio.Task[None] | None = None
+        self.stopped_for_output = False
+        """True when :meth:`fail_output` cancelled :meth:`run`'s task: its
+        caller takes that cancellation back (``uncancel``) and raises the error."""
         self.facts: dict[str, TargetFacts] = {}
         self.started = False
         self.finished = False
         self.schedule = Schedule(plan, policy.timing, clock)
         self.content = Content(trace, plan, policy)
         self.books = Books(writer, policy)
+        if writer.on_error is None:
+            writer.on_error = self.fail_output
         sender = Sender(trace, plan, policy, self.schedule, self.books)
         self.dispatcher = Dispatcher(trace, plan, policy, self.schedule, self.books, sender)
 
@@ -143,11 +155,24 @@ class Replay:
         self.facts = {t.name: f for t, f in zip(self.targets, facts, strict=True)}
         return self.facts
 
+    def fail_output(self, err: OutputError) -> None:
+        """An output file cannot be written: keep the first such error and
+        stop the run now (as an interrupt would: nothing waits for requests
+        in flight), not leave it going with nowhere to put what it measures."""
+        if self.output_error is not None:
+            return
+        self.output_error = err
+        task = self._running
+        if task is not None and not task.done():
+            self.stopped_for_output = True
+            task.cancel()
+
     # -- the run -------------------------------------------------------------
 
     async def run(self) -> None:
         """Replay to the end (or until every target failed); never raises for
         a target's failure: that is a result."""
+        self._running = asyncio.current_task()
         n = len(self.plan)
         for t in self.targets:
             run = TargetRun(
@@ -168,7 +193,7 @@ class Replay:
             run.bodies = b
         if self.watch_config is not None:
             if self.out is not None:
-                self.metrics = MetricsWriter(self.out / "metrics.arrow")
+                self.metrics = MetricsWriter(self.out / "metrics.arrow", self.fail_output)
             for run in runs:
                 run.watch = self._make_watch(run)
         # the tick also flushes results (on real time only: on a virtual
@@ -196,10 +221,12 @@ class Replay:
                 for run in runs:
                     tg.create_task(self.dispatcher.run(run), name=f"dispatch-{run.target.name}")
         finally:
+            self._running = None  # from here on a failed write is noted, not a cancel
             me = asyncio.current_task()
             if me is not None and me.cancelling():
-                # interrupted (Ctrl-C, SIGTERM, a cancelled job): do not wait for
-                # requests that may never answer (a hang); record them as cut short
+                # interrupted (Ctrl-C, SIGTERM, a cancelled job, a full disk): do
+                # not wait for requests that may never answer (a hang); record
+                # them as cut short
                 for run in runs:
                     run.abort_inflight(interrupted=True)
             for run in runs:
@@ -211,14 +238,20 @@ class Replay:
                 if run.bodies is not None:
                     run.bodies.close()
                 run.content.close()
-            await asyncio.gather(*(conclude(run) for run in runs))
+            ended = await asyncio.gather(*(conclude(run) for run in runs), return_exceptions=True)
             if self.metrics is not None:
                 self.metrics.close()
             self.finished = True
             if ticker is not None:
                 ticker.cancel()
                 if self.on_tick:
-                    self.on_tick(self)
+                    with contextlib.suppress(OSError):  # noted by the tick already
+                        self.on_tick(self)
+            for e in ended:
+                if isinstance(e, OutputError):
+                    self.fail_output(e)
+                elif isinstance(e, BaseException):
+                    raise e
 
     def _make_watch(self, run: TargetRun) -> TargetWatch:
         assert self.watch_config is not None
@@ -231,6 +264,7 @@ class Replay:
         return TargetWatch(
             name=run.target.name,
             url=run.target.url,
+            direct_url=run.target.monitor_url,
             config=self.watch_config,
             inflight=run.inflight_map,
             on_failure=on_failure,
@@ -246,5 +280,9 @@ class Replay:
         while True:
             await self.clock.sleep(0.5)
             if self.on_tick:
-                self.on_tick(self)
+                try:
+                    self.on_tick(self)
+                except OSError as exc:  # progress to a file on the full disk
+                    self.on_tick = None
+                    self.fail_output(output_error(exc, "<progress on stderr>"))
             self.writer.flush_due()

@@ -4,7 +4,10 @@ directory. The CLI and bisection trials both go through here.
 ``RUN/`` holds ``run.json`` (the exact command, trace hash, options, target
 facts, replayer version), ``results.arrow`` (streamed while running) and
 ``summary.json``. Exit codes: 0 every target survived, 1 a target failed,
-3 a target was unreachable before the first request.
+3 a target was unreachable before the first request. An output file that
+cannot be written (a full disk) stops the run at once with one
+:class:`~replayer.errors.OutputError` (exit 2); ``results.arrow`` then ends
+on its last whole batch and no ``summary.json`` is written.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayer._async import spawn
+from replayer._files import writing
 from replayer._version import __version__
 from replayer.errors import ModelNotServed, UsageError
 from replayer.monitor.watch import ProcessProbe, WatchConfig
@@ -70,7 +74,8 @@ def prepare_out(out: Path | None, force: bool) -> Path:
             out = Path("runs") / f"{stamp}-{n}"
     if out.exists() and any(out.iterdir()) and not force:
         raise UsageError(f"{out} exists and is not empty (use --force or another --out)")
-    os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
+    with writing(out):
+        os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
     return out
 
 
@@ -122,7 +127,8 @@ async def replay_to_dir(
     trace = as_replayed(trace, policy)
     plan = build_plan(trace, rows, policy)
     interrupted = False
-    os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
+    with writing(out):
+        os.makedirs(out, exist_ok=True)  # a run directory of our own; instant
     writer = ResultsWriter(out / "results.arrow", on_add=live.observe if live else None)
     prog = Progress(sys.stderr, len(rows)) if progress else None
     replay = Replay(
@@ -182,7 +188,11 @@ async def replay_to_dir(
         try:
             await replay.run()
         except asyncio.CancelledError:
-            interrupted = True  # Ctrl-C or SIGTERM: write what was measured, then stop
+            me = asyncio.current_task()
+            if replay.stopped_for_output and me is not None:
+                me.uncancel()  # our own stop, for the output error raised below
+            else:
+                interrupted = True  # Ctrl-C or SIGTERM: write what was measured, then stop
         finally:
             gc.unfreeze()
             stalls.stop()
@@ -192,6 +202,9 @@ async def replay_to_dir(
             live.detach(replay)
         if not hashing.done():
             await hashing
+    if replay.output_error is not None:
+        # a full disk: the run stopped on it; writing more would only fail again
+        raise replay.output_error
     run_info["trace"]["sha256"] = hashing.result()
     run_info["t0_offset_note"] = "result times are microseconds after T0"
     RUN.write(out, run_info)
@@ -214,6 +227,12 @@ async def replay_to_dir(
     failed = any(t["failed"] for t in targets_summary.values())
     unexercised = [n for n, t in targets_summary.items() if not t["exercised"]]
     code = EXIT_FAILED if failed else EXIT_NOT_EXERCISED if unexercised else EXIT_OK
+    if failed and all(
+        (t["failure"] or {}).get("class") == "network"
+        for t in targets_summary.values()
+        if t["failed"]
+    ):
+        code = EXIT_UNREACHABLE  # the way to a healthy server failed: not a crash
     summary = {"exit_code": EXIT_INTERRUPTED if interrupted else code, "targets": targets_summary}
     summary["exercised"] = not unexercised
     summary["loop_stall_ms"] = stalls.summary()

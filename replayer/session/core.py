@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Self
 import orjson
 
 from replayer._clock import REAL, Clock
+from replayer._files import writing
 from replayer.errors import LaunchError, OptionError, TargetError, UsageError
 from replayer.monitor.signature import signature_from_log
 from replayer.options.monitor import WatchConfig
@@ -365,8 +366,13 @@ class Session:
                 client_errors=errors,
                 unexercised=None if t["exercised"] else rejection_text(t),
             )
-        slot.needs_restart = True
         cls = f.get("class")
+        if cls == "network":
+            # the way to the server failed while it stayed healthy: re-run, keep it
+            return TrialResult(
+                Outcome.INFRA, run, failure_class=cls, message=f.get("message"), failure=f
+            )
+        slot.needs_restart = True
         exit_info = slot.target.exit_info
         if exit_info is None and cls == "process_exit":
             # the port closed before the process finished exiting: its status
@@ -386,9 +392,10 @@ class Session:
                 signal=exit_info.signal if exit_info else None,
                 request_ids=[ids[r] for r in rows],
             )
-            (out / "signature.json").write_bytes(
-                orjson.dumps(sig.to_dict(), option=orjson.OPT_INDENT_2)
-            )
+            with writing(out / "signature.json"):
+                (out / "signature.json").write_bytes(
+                    orjson.dumps(sig.to_dict(), option=orjson.OPT_INDENT_2)
+                )
         outcome = Outcome.MATCH if chase.matches(sig, cls) else Outcome.OTHER_FAILURE
         return TrialResult(
             outcome,

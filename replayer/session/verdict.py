@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     from replayer.replay.run import RunOutcome
 
 
+NOT_CRASHES = frozenset({"client_error", "network"})
+"""Failure classes that are no crash of the server: the client's request,
+or the way to a healthy server (:mod:`replayer.monitor.classify`)."""
+
+
+def infra_class(failure_class: str | None) -> bool:
+    """A trial that failed so could not judge the server: ``INFRA``, retried,
+    never a crash to chase (a proxy's reset in front of a healthy target)."""
+    return failure_class == "network"
+
+
 class Outcome(StrEnum):
     MATCH = "MATCH"
     """The chased failure: same class, and same signature (or the --signature regex)."""
@@ -29,7 +40,8 @@ class Outcome(StrEnum):
     INVALID = "INVALID"
     """The reduction broke the workload (e.g. new 4xx answers)."""
     INFRA = "INFRA"
-    """The trial could not run (launch failure, unreachable target)."""
+    """The trial could not run (launch failure, unreachable target), or the
+    network to a healthy target failed under it (class ``network``)."""
 
 
 class NotExercised(Exception):
@@ -112,7 +124,9 @@ class Chase:
         return not self.same(sig)
 
     def matches(self, sig: Signature | None, failure_class: str | None) -> bool:
-        if failure_class is None or failure_class == "client_error":
+        """Whether a trial's failure is the chased one. A client error or a
+        broken network (:data:`NOT_CRASHES`) never is, whatever is chased."""
+        if failure_class is None or failure_class in NOT_CRASHES:
             return False
         if self.regex is not None:
             return sig is not None and matches_regex(sig, self.regex)

@@ -54,6 +54,44 @@ def test_rules(ev, expected):
     assert classify(ev) is expected
 
 
+@pytest.mark.parametrize(
+    "ev,expected",
+    [
+        # through a hop, the target's own /health 200 throughout: the way broke
+        (Evidence("disconnected", None, "reset", (OK, OK), direct=True), FailureClass.NETWORK),
+        (Evidence("stream_cut", 200, "no [DONE]", (OK,), direct=True), FailureClass.NETWORK),
+        (Evidence("connect", None, "refused", (OK,), direct=True), FailureClass.NETWORK),
+        (
+            Evidence("hang", None, "", (OK,), hang=True, direct=True, idle=True),
+            FailureClass.NETWORK,
+        ),
+        (Evidence("timeout", None, "", (OK,), direct=True, idle=True), FailureClass.NETWORK),
+        # ... unless the server's own word says otherwise
+        (Evidence("hang", None, "", (OK,), hang=True, direct=True, idle=False), FailureClass.HANG),
+        (Evidence("hang", None, "", (OK,), hang=True, direct=True), FailureClass.HANG),
+        (Evidence("timeout", None, "", (OK,), direct=True), FailureClass.HANG),
+        (Evidence("disconnected", None, "", (OK, DEAD), direct=True), FailureClass.ENGINE_DEAD),
+        (Evidence("disconnected", None, "", (OK, GONE), direct=True), FailureClass.PROCESS_EXIT),
+        (
+            Evidence("connect", None, "", (OK,), direct=True, process_exited=True),
+            FailureClass.PROCESS_EXIT,
+        ),
+        (Evidence("disconnected", None, "", (), direct=True), FailureClass.STREAM_CUT),
+        # the server answered: not the network's doing
+        (Evidence("http_500", 500, "boom", (OK,), direct=True), FailureClass.HTTP_5XX_OTHER),
+        # no hop known: the client's view alone cannot tell, the old classes stand
+        (Evidence("disconnected", None, "reset", (OK,)), FailureClass.STREAM_CUT),
+        (Evidence("connect", None, "refused", (OK,)), FailureClass.PROCESS_EXIT),
+    ],
+)
+def test_network_rule(ev, expected):
+    assert classify(ev) is expected
+
+
+def test_network_is_no_crash():
+    assert not FailureClass.NETWORK.is_crash and FailureClass.STREAM_CUT.is_crash
+
+
 def test_engine_death_messages_of_every_version():
     assert is_engine_death_message(MSG_033)
     assert is_engine_death_message(MSG_OLD)

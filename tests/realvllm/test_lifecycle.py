@@ -1,9 +1,10 @@
 """Servers replayer launches and that die: readiness, clean stop, engine death.
 
 Each test starts its own real vLLM through ``--launch`` (about 40-70 s on two
-cores), so the tier keeps them few. The launch commands carry a unique mark
-in their environment: the tests find the server's processes by it, and prove
-none is left when replayer is done.
+cores), so the tier keeps them few. The tests find the server's processes by
+lineage from the replayer they started (:class:`ProcessTree`), never by name:
+another vLLM on the same machine is not theirs, and they prove none of their
+own is left when replayer is done.
 """
 
 from __future__ import annotations
@@ -14,92 +15,52 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
+from typing import Any
 
 import orjson
 
 from replayer.testing.vllm import free_port, serve_command
 from tests.helpers.agents import mixed_trace
-from tests.helpers.realvllm import cli, summary, synth
+from tests.helpers.realvllm import summary, synth
+from tests.helpers.target import ProcessTree, alive, titled
 
 APIS = ("chat", "messages", "responses")
 
 
-def marked(mark: str) -> list[int]:
-    """Pids whose environment carries ``REPLAYER_TEST_MARK=mark``: the API
-    server. (EngineCore and the workers retitle themselves, which overwrites
-    what /proc shows of their environment: find them by process group.)"""
-    want = f"REPLAYER_TEST_MARK={mark}".encode()
-    out = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if want in (proc / "environ").read_bytes().split(b"\0"):
-                out.append(int(proc.name))
-        except OSError:
-            continue
-    return out
-
-
-def group(mark: str) -> list[int]:
-    """Every live pid of the marked server's process group."""
-    pgids = set()
-    for pid in marked(mark):
-        with contextlib.suppress(OSError):
-            pgids.add(os.getpgid(pid))
-    out = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (proc / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[2]) in pgids:
-                out.append(int(proc.name))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie (this machine's PID 1 may never reap orphans)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def stop(proc: subprocess.Popen[str], mark: str) -> None:
+def stop(proc: subprocess.Popen[str], tree: ProcessTree) -> None:
     """However a test ends, nothing it started outlives it: SIGTERM lets
-    replayer stop the server it launched; what is left is killed by group."""
+    replayer stop the server it launched; what is left of the tree is killed."""
     if proc.poll() is None:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=60)
     if proc.poll() is None:
         proc.kill()
-    reap(mark)
+    tree.kill()
 
 
-def reap(mark: str) -> None:
-    for pid in marked(mark):
-        with contextlib.suppress(OSError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
+def watch(proc: subprocess.Popen[str], tree: ProcessTree, within: float) -> tuple[str, str]:
+    """Wait for the CLI (bounded), scanning its tree meanwhile: the server it
+    launches leaves for a session of its own, and is ours only as long as
+    its parent is seen alive with it."""
+    deadline = time.monotonic() + within
+    while proc.poll() is None and time.monotonic() < deadline:
+        tree.scan()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)  # a bounded poll: the server loads, then serves
+    out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    return out, err
 
 
-def vllm_children() -> set[int]:
-    """Pids of every EngineCore and worker on the machine."""
-    pids = [int(p.name) for p in Path("/proc").glob("[0-9]*")]
-    return {p for p in titled(pids, b"VLLM::") if alive(p)}
-
-
-def titled(pids: list[int], title: bytes) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title):
-                out.append(pid)
-        except OSError:
-            continue
-    return out
+def replayer(*args: Any) -> subprocess.Popen[str]:
+    """``replayer ARGS`` as a session leader: the root of a :class:`ProcessTree`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "replayer", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def metric(port: int, name: str) -> float | None:
@@ -126,39 +87,33 @@ def test_launch_waits_for_ready_rejected_run_is_not_exercised_and_stops_clean(
     tools (vLLM defaults tool_choice to "auto"): the replay is NOT EXERCISED,
     exit 4, not "survived". The server came up before the first request and
     its whole process group is gone afterwards."""
-    mark = uuid.uuid4().hex
     port = free_port()
-    before = vllm_children()
-    cmd = serve_command(
-        vllm_env,
-        vllm_models["llama"],
-        port,
-        tools=False,
-        served_name="tiny-llama",
-        environ={"REPLAYER_TEST_MARK": mark},
-    )
+    cmd = serve_command(vllm_env, vllm_models["llama"], port, tools=False, served_name="tiny-llama")
     run = tmp_path / "run"
+    proc = replayer(
+        "replay",
+        traces["chat"],
+        *("--launch", cmd, "--model", "tiny-llama", "--timing", "asap"),
+        *("--out", run, "--quiet"),
+    )
+    tree = ProcessTree(proc.pid)
     try:
-        res = cli(
-            "replay",
-            traces["chat"],
-            *("--launch", cmd, "--model", "tiny-llama", "--timing", "asap"),
-            *("--out", run, "--quiet"),
-            timeout=600,
-        )
-        left = marked(mark), vllm_children() - before  # before any clean-up of ours
+        out, err = watch(proc, tree, 600)
+        left = tree.alive()  # before any clean-up of ours
     finally:
-        reap(mark)  # a timed-out CLI is SIGKILLed and cannot stop its server
-    assert res.returncode == 4, res.stdout + res.stderr
-    assert "16 of 16 requests were rejected" in res.stderr
-    assert '"auto" tool choice requires --enable-auto-tool-choice' in res.stderr
+        stop(proc, tree)  # a timed-out CLI cannot stop its server
+    assert proc.returncode == 4, out + err
+    seen = [t for t in tree.titles.values() if t.startswith(b"VLLM::EngineCore")]
+    assert seen, "the tree never saw the server's engine: nothing was judged"
+    assert "16 of 16 requests were rejected" in err
+    assert '"auto" tool choice requires --enable-auto-tool-choice' in err
     info = orjson.loads((run / "run.json").read_bytes())
     assert info["target_facts"]["target"]["models"] == ["tiny-llama"]
     t = summary(run)["targets"]["target"]
     assert t["status"] == {"http_error": 16} and t["first_rejection"]["http_status"] == 400
     log = (run / "server.log").read_text()
     assert "Application startup complete" in log
-    assert left == ([], set())  # the API server is gone, and its EngineCore and worker
+    assert left == []  # the API server is gone, and its EngineCore and worker
 
 
 def test_kill_9_mid_stream_on_every_api_is_process_exit_with_requests_named(
@@ -178,7 +133,6 @@ def test_kill_9_mid_stream_on_every_api_is_process_exit_with_requests_named(
         [(api, synth(tmp_path / f"{api}.arrow", "--api", api, *common)) for api in APIS],
         sep="-",
     )
-    mark = uuid.uuid4().hex
     port = free_port()
     log = tmp_path / "admission.jsonl"
     cmd = serve_command(
@@ -190,16 +144,12 @@ def test_kill_9_mid_stream_on_every_api_is_process_exit_with_requests_named(
             "--enforce-eager",
             *("--middleware", "replayer.testing.vllm_plugin.ReceiptMiddleware"),
         ),
-        environ={"REPLAYER_TEST_MARK": mark, "REPLAYER_VLLM_ADMISSION_LOG": str(log)},
+        environ={"REPLAYER_VLLM_ADMISSION_LOG": str(log)},
     )
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "replayer", "replay", str(mixed), "--launch", cmd, "--model",
-         "tiny-dsv2", "--timing", "asap", "--out", str(run), "--quiet"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    proc = replayer("replay", mixed, "--launch", cmd, "--model", "tiny-dsv2",
+                    "--timing", "asap", "--out", run, "--quiet")  # fmt: skip
+    tree = ProcessTree(proc.pid)
 
     def streaming() -> set[str]:
         """APIs with a response whose headers have left (its stream is open)."""
@@ -215,19 +165,20 @@ def test_kill_9_mid_stream_on_every_api_is_process_exit_with_requests_named(
     try:
         deadline = time.monotonic() + 420
         while time.monotonic() < deadline and proc.poll() is None:
+            tree.scan()
             if {"chat", "messages", "responses"} <= streaming():
                 break
             time.sleep(0.2)  # a bounded poll: the server is loading, then serving
         assert proc.poll() is None, proc.communicate()
         assert {"chat", "messages", "responses"} <= streaming()
-        members = group(mark)
+        members = tree.alive()
         cores = titled(members, b"VLLM::EngineCore")
         assert len(cores) == 1, members
         os.kill(cores[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=180)
+        out, err = watch(proc, tree, 180)
         left = [p for p in members if alive(p)]  # before any clean-up of ours
     finally:
-        stop(proc, mark)
+        stop(proc, tree)
     assert proc.returncode == 1, out + err
     t = summary(run)["targets"]["target"]
     f = t["failure"]

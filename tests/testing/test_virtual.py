@@ -20,7 +20,13 @@ pytestmark = pytest.mark.inprocess
 def test_the_names_load_on_first_use():
     assert replayer.testing.FakeServer is virtual.FakeServer
     assert issubclass(FakeServer, Transport)
-    assert set(replayer.testing.__all__) == set(virtual.__all__)
+    from replayer.testing import faultproxy
+
+    assert replayer.testing.FaultProxy is faultproxy.FaultProxy
+    assert set(replayer.testing.__all__) == {"Fault", "FaultKind", "FaultProxy"} | set(
+        virtual.__all__
+    )
+    assert all(getattr(replayer.testing, n) is not None for n in replayer.testing.__all__)
 
 
 async def test_the_usage_example_runs_as_written(tmp_path):
