@@ -13,6 +13,11 @@ on the client (aiohttp, this process). The figure of merit is the p99 of
 all polls (target: under 100 ms on the 2-core CI machine, which also runs
 the worker, the emulator and this client).
 
+Fuzz: then schemathesis drives the same busy service from its own OpenAPI
+document (``/api/openapi.json``), ``--fuzz-examples`` valid and as many
+invalid requests per route (a real job id for the job routes), and counts
+requests, seconds and answers of 500 or more (target: none).
+
 Run: ``python -m bench serve`` (``-- --polls 5`` for a shorter run).
 """
 
@@ -115,12 +120,62 @@ async def _run(
     }
 
 
+def _fuzz(url: str, auth: dict[str, str], job: str, examples: int) -> dict[str, Any]:
+    """schemathesis over the live service: requests per route, seconds, 5xx."""
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+    from schemathesis import GenerationMode
+    from schemathesis.core.result import Ok
+
+    schema = schemathesis.openapi.from_url(f"{url}/api/openapi.json", headers=auth, timeout=30)
+    per_route: dict[str, int] = {}
+    server_errors: list[str] = []
+    t0 = time.perf_counter()
+    for result in schema.get_all_operations():
+        if not isinstance(result, Ok):
+            raise RuntimeError(f"an operation of the document is invalid: {result.err()}")
+        op = result.ok()
+        label = f"{op.method.upper()} {op.path}"
+        fixed = {"id": job} if "{id}" in op.path else None
+        strategies = [op.as_strategy(GenerationMode.POSITIVE, path_parameters=fixed)]
+        if op.path_parameters or op.query or op.body:
+            strategies.append(op.as_strategy(GenerationMode.NEGATIVE, path_parameters=fixed))
+
+        @settings(
+            max_examples=examples * len(strategies),
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=st.one_of(strategies))
+        def call(case: Any, label: str = label) -> None:
+            resp = case.call(headers=auth, timeout=30)
+            per_route[label] = per_route.get(label, 0) + 1
+            if resp.status_code >= 500:
+                server_errors.append(f"{label}: {resp.status_code}")
+
+        call()
+    return {
+        "fuzz_requests": sum(per_route.values()),
+        "fuzz_s": round(time.perf_counter() - t0, 1),
+        "fuzz_routes": len(per_route),
+        "fuzz_per_route": per_route,
+        "fuzz_5xx": server_errors,
+    }
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m bench serve")
     p.add_argument("--clients", type=int, default=200)
     p.add_argument("--polls", type=int, default=20, help="polls per client")
     p.add_argument("--queued", type=int, default=10)
     p.add_argument("--interval", type=float, default=0.5, help="paced: seconds between polls")
+    p.add_argument(
+        "--fuzz-examples", type=int, default=50, help="schemathesis: examples per route and mode"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         base = Path(tmp)
@@ -178,6 +233,8 @@ def main(argv: list[str]) -> dict[str, Any]:
                     figures[mode] = asyncio.run(
                         _run(srv.url, args.clients, args.polls, running, queued, interval)
                     )
+                if args.fuzz_examples > 0:
+                    figures.update(_fuzz(srv.url, srv.auth, running, args.fuzz_examples))
                 for j in reversed(ids):
                     c.post(f"/api/jobs/{j}/cancel")
         finally:
@@ -206,6 +263,12 @@ def main(argv: list[str]) -> dict[str, Any]:
         f"{figures['submit_p50_ms']} ms. Back to back, 200 requests always in flight queue "
         f"behind each other: latency there is 200 / throughput."
     )
+    if "fuzz_requests" in figures:
+        print(
+            f"schemathesis: {figures['fuzz_requests']:,} requests over {figures['fuzz_routes']} "
+            f"routes in {figures['fuzz_s']} s, {len(figures['fuzz_5xx'])} answered 5xx "
+            f"(target: 0)"
+        )
     return figures
 
 

@@ -6,11 +6,12 @@ token, see :mod:`replayer.service.auth`)::
     GET  /healthz                          {"status": "ok"}            (no auth)
     GET  /metrics                          Prometheus text
     GET  /                                 the jobs page (HTML)
+    GET  /api/openapi.json                 this API's OpenAPI 3.1 document (from ROUTES)
     GET  /api/targets                      configured targets and pools (no commands)
     GET  /api/traces                       uploaded and registered traces
     PUT  /api/traces/{name}                upload a trace: the raw body, streamed
     POST /api/traces/register              {"path": "incoming/prod.arrow"}
-    GET  /api/jobs[?state=S&kind=K]        {"jobs": [...]}, newest first
+    GET  /api/jobs[?state=S&kind=K]        {"jobs": [...]}, newest first (unknown S, K: 400)
     POST /api/jobs                         submit: {"kind", "trace"|"bundle"|"job",
                                             "target"|"targets"|"pool", "max_servers",
                                             "control", "options", "label"}
@@ -36,6 +37,7 @@ the viewer's credentials against this API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -47,6 +49,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import PayloadEncodingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from replayer._async import spawn
@@ -55,25 +58,182 @@ from replayer.service.auth import authorized
 from replayer.service.config import Targets
 from replayer.service.jobs import Job, JobState, JobStore, new_job_id
 from replayer.service.metrics import ServiceMetrics
+from replayer.service.openapi import Query, Route, document, job_request
 from replayer.service.page import CSP, render_jobs
-from replayer.service.paths import PathRejected, confine, safe_name, suspicious_raw_path
+from replayer.service.paths import (
+    SAFE_NAME,
+    PathRejected,
+    confine,
+    safe_name,
+    suspicious_raw_path,
+)
 from replayer.service.progress import ProgressReader
 from replayer.service.scheduler import Scheduler
-from replayer.service.specs import SpecError, plan_job, redact_argv
+from replayer.service.specs import (
+    KINDS,
+    REFUSED,
+    SpecError,
+    plan_job,
+    redact_argv,
+)
 from replayer.service.traces import TraceRejected, TraceStore, UploadTooLarge
 
 log = logging.getLogger("replayer.service")
+
+
+class _BodyTooLarge(Exception):
+    """A JSON body past :data:`MAX_JSON_BYTES`: 413, the connection closed."""
+
 
 JOB_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 MAX_JSON_BYTES = 1 << 20
 DEFAULT_MAX_UPLOAD = 8 << 30
 LOG_POLL = 0.25
+MAX_OFFSET = (1 << 62) - 1
 FILE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "sandbox",
     "Cache-Control": "no-store",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_STATES = [s.value for s in JobState]
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/healthz", "healthz", "liveness", schema="Health", errors=(), public=True),
+    Route("GET", "/metrics", "prometheus", "Prometheus text", media="text/plain", errors=()),
+    Route("GET", "/", "page", "the jobs page", media="text/html", errors=()),
+    Route("GET", "/api/openapi.json", "openapi", "this document", schema="OpenAPI", errors=()),
+    Route(
+        "GET",
+        "/api/targets",
+        "list_targets",
+        "configured targets and pools",
+        schema="TargetList",
+        errors=(),
+    ),
+    Route(
+        "GET",
+        "/api/traces",
+        "list_traces",
+        "uploaded and registered traces",
+        schema="TraceList",
+        errors=(),
+    ),
+    Route(
+        "POST",
+        "/api/traces/register",
+        "register_trace",
+        "register a trace inside DIR",
+        ok=201,
+        schema="Trace",
+        body="TraceRegister",
+        errors=(400, 413),
+    ),
+    Route(
+        "PUT",
+        "/api/traces/{name}",
+        "upload_trace",
+        "upload a trace (the raw body)",
+        ok=201,
+        schema="Trace",
+        body="application/octet-stream",
+        errors=(400, 409, 413),
+    ),
+    Route(
+        "GET",
+        "/api/jobs",
+        "list_jobs",
+        "jobs, newest first",
+        schema="JobList",
+        query=(
+            Query("state", {"type": "string", "enum": _STATES}, "only jobs in this state"),
+            Query("kind", {"type": "string", "enum": list(KINDS)}, "only jobs of this kind"),
+        ),
+    ),
+    Route(
+        "POST",
+        "/api/jobs",
+        "submit",
+        "submit a job",
+        ok=201,
+        schema="Job",
+        body="JobRequest",
+        errors=(400, 413),
+    ),
+    Route(
+        "GET",
+        "/api/jobs/{id}",
+        "job_status",
+        "a job's status, progress and result",
+        schema="Job",
+        errors=(404,),
+    ),
+    Route(
+        "POST",
+        "/api/jobs/{id}/cancel",
+        "cancel",
+        "cancel a job",
+        ok=202,
+        schema="Job",
+        errors=(404, 409),
+    ),
+    Route(
+        "GET",
+        "/api/jobs/{id}/log",
+        "job_log",
+        "a job's log (follow: until it ends)",
+        media="text/plain",
+        errors=(404,),
+        query=(
+            Query("offset", {"type": "integer", "minimum": 0}, "start at this byte"),
+            Query(
+                "follow",
+                {"type": "string", "enum": ["0", "1", "true", "false", "yes", "no"]},
+                "stream until the job ends",
+            ),
+        ),
+    ),
+    Route(
+        "GET",
+        "/api/jobs/{id}/files",
+        "job_files",
+        "the files under the job's out/",
+        schema="FileList",
+        errors=(404,),
+    ),
+    Route(
+        "GET",
+        "/api/jobs/{id}/files/{path:.+}",
+        "job_file",
+        "one file under out/",
+        media="application/octet-stream",
+        errors=(404,),
+    ),
+    Route(
+        "GET",
+        "/api/jobs/{id}/bundle",
+        "job_bundle",
+        "out/bundle.tar.gz",
+        media="application/gzip",
+        errors=(404,),
+    ),
+    Route(
+        "GET",
+        "/api/jobs/{id}/report",
+        "job_report",
+        "the HTML report",
+        media="text/html",
+        errors=(404,),
+    ),
+)
+"""Every route: the router registers these and :mod:`~replayer.service.openapi`
+describes them; the auth middleware reads ``public`` from here."""
+PUBLIC = {r.handler: r for r in ROUTES}
+PATH_PARAMS = {
+    "id": {"type": "string", "pattern": JOB_ID.pattern, "description": "a job id"},
+    "name": {"type": "string", "pattern": SAFE_NAME.pattern, "description": "a file name"},
+    "path": {"type": "string", "description": "a relative path inside the job's out/"},
+}
 
 
 @dataclass
@@ -89,7 +249,10 @@ class ServeConfig:
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers or None)
+    resp = web.json_response({"error": message}, status=status, headers=headers or None)
+    if headers.get("Connection") == "close":
+        resp.force_close()  # not kept alive: unread body bytes may follow
+    return resp
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -121,6 +284,7 @@ class Service:
             pools=cfg.targets.pools,
         )
         self._recovery: asyncio.Task[None] | None = None
+        self._openapi: bytes | None = None
 
     def _finished(self, job: Job) -> None:
         self.metrics.transitions.labels(kind=job.kind, state=job.state.value).inc()
@@ -132,23 +296,12 @@ class Service:
             client_max_size=MAX_JSON_BYTES,
             middlewares=[self._measure, self._auth, self._guard],
         )
-        r = app.router
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/metrics", self.prometheus)
-        r.add_get("/", self.page)
-        r.add_get("/api/targets", self.list_targets)
-        r.add_get("/api/traces", self.list_traces)
-        r.add_post("/api/traces/register", self.register_trace)
-        r.add_put("/api/traces/{name}", self.upload_trace)
-        r.add_get("/api/jobs", self.list_jobs)
-        r.add_post("/api/jobs", self.submit)
-        r.add_get("/api/jobs/{id}", self.job_status)
-        r.add_post("/api/jobs/{id}/cancel", self.cancel)
-        r.add_get("/api/jobs/{id}/log", self.job_log)
-        r.add_get("/api/jobs/{id}/files", self.job_files)
-        r.add_get("/api/jobs/{id}/files/{path:.+}", self.job_file)
-        r.add_get("/api/jobs/{id}/bundle", self.job_bundle)
-        r.add_get("/api/jobs/{id}/report", self.job_report)
+        for route in ROUTES:
+            handler = getattr(self, route.handler)
+            if route.method == "GET":  # HEAD too, as aiohttp's add_get does
+                app.router.add_get(route.path, handler, name=route.handler)
+            else:
+                app.router.add_route(route.method, route.path, handler, name=route.handler)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
         return app
@@ -193,7 +346,8 @@ class Service:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.route.handler == self.healthz:  # bound methods: ==, not is
+        route = PUBLIC.get(request.match_info.route.name or "")
+        if route is not None and route.public:
             return await handler(request)
         if not authorized(request.headers.get("Authorization"), request.method, self.cfg.token):
             challenge = 'Bearer realm="replayer"'
@@ -213,10 +367,16 @@ class Service:
             return _error(400, f"refused: {why}")
         try:
             resp = await handler(request)
+        except _BodyTooLarge as exc:
+            # unread bytes may follow: the connection cannot be reused
+            return _error(413, str(exc), Connection="close")
         except (SpecError, PathRejected, TraceRejected) as exc:
             return _error(400, str(exc))
         except web.HTTPException:
             raise
+        except (ConnectionResetError, PayloadEncodingError) as exc:  # the client left mid-body
+            log.debug("%s %s: the client went away: %s", request.method, request.path, exc)
+            return _error(400, "the request body did not arrive whole")
         except Exception:
             log.exception("%s %s failed", request.method, request.path)
             return _error(500, "internal error (logged by the service)")
@@ -240,10 +400,13 @@ class Service:
     async def _body(self, request: web.Request) -> Any:
         if request.content_type != "application/json":
             raise SpecError("want a JSON body (Content-Type: application/json)")
+        too_large = f"the body exceeds {MAX_JSON_BYTES:,} bytes"
+        if (request.content_length or 0) > MAX_JSON_BYTES:
+            raise _BodyTooLarge(too_large)  # refused before a byte of it is read
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise SpecError(f"the body exceeds {MAX_JSON_BYTES:,} bytes") from None
+            raise _BodyTooLarge(too_large) from None
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -280,6 +443,14 @@ class Service:
 
     async def healthz(self, request: web.Request) -> web.Response:
         return _json({"status": "ok"})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        if self._openapi is None:
+            t = self.cfg.targets
+            request_schema = job_request(KINDS, REFUSED, t.by_name, t.pools, JOB_ID.pattern)
+            doc = document(ROUTES, path_params=PATH_PARAMS, request=request_schema, states=_STATES)
+            self._openapi = orjson.dumps(doc)
+        return web.Response(body=self._openapi, content_type="application/json")
 
     async def prometheus(self, request: web.Request) -> web.Response:
         await self._fetch_job_metrics()
@@ -364,6 +535,10 @@ class Service:
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         state, kind = request.query.get("state"), request.query.get("kind")
+        if state is not None and state not in _STATES:
+            raise SpecError(f"state: one of {', '.join(_STATES)}")
+        if kind is not None and kind not in KINDS:
+            raise SpecError(f"kind: one of {', '.join(KINDS)}")
         positions = self._queue_positions()
         jobs = [
             self._job_json(j, progress=False, positions=positions)
@@ -451,7 +626,9 @@ class Service:
         try:
             offset = max(0, int(request.query.get("offset", "0")))
         except ValueError:
-            raise SpecError("offset: want a byte offset") from None
+            offset = -1
+        if not 0 <= offset <= MAX_OFFSET:  # checked before the answer starts
+            raise SpecError("offset: want a byte offset")
         follow = request.query.get("follow", "0") in ("1", "true", "yes")
         resp = web.StreamResponse(
             headers={"Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store"}
@@ -462,8 +639,8 @@ class Service:
         while True:
             done = job.terminal or (job.state is JobState.QUEUED and not follow)
             data = b""
-            if path.exists():
-                with path.open("rb") as f:
+            with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+                if offset < os.fstat(f.fileno()).st_size:  # past the end: nothing yet
                     f.seek(offset)
                     data = f.read(256 << 10)
             if data:

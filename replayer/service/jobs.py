@@ -16,7 +16,9 @@
 States::
 
     queued -> running -> finished | failed | cancelled
-                   \\-> (serve restarts) bisect: queued again, resumes from its journal
+                   \\-> (serve restarts, or its worker is killed) bisect: queued again, resumes
+                        from its journal
+                   \\-> (its worker is killed) replay, verify: failed (partial results kept)
                    \\-> (serve restarts) replay, verify: interrupted (partial results kept)
     queued -> cancelled;  running -> cancelling -> cancelled
 
@@ -116,6 +118,10 @@ class Job:
     slots: list[int] = field(default_factory=list)
     """The servers of ``pool`` given to its current (or last) worker: held
     while the job runs, cleared when it goes back to the queue."""
+    worker_deaths: int = 0
+    """Workers of this bisect killed by a signal in a row, none of which
+    finished a trial: it goes back to the queue until this reaches
+    :data:`replayer.service.scheduler.MAX_WORKER_DEATHS`."""
 
     @property
     def terminal(self) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENCODED_BAD = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)
 
@@ -77,7 +77,7 @@ def confine(root: Path, text: str, what: str = "path", *, must_exist: bool = Tru
 
 def safe_name(text: str, what: str = "name") -> str:
     """A single file name: letters, digits, ``._-``, not starting with a dot."""
-    if not isinstance(text, str) or not _SAFE_NAME.match(text) or ".." in text:
+    if not isinstance(text, str) or not SAFE_NAME.match(text) or ".." in text:
         raise PathRejected(
             f"{what}: want 1-128 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

@@ -23,7 +23,15 @@ finished trial, and ``--resume`` reaps the server the dead worker left; on
 a pool it lets go of its servers and gets a share again when it starts); a
 replay or verify becomes ``interrupted``, its partial results kept. On a
 graceful shutdown the workers are stopped the same way and their jobs stay
-``running`` on disk, so the next start resumes them identically.
+``running`` on disk, so the next start resumes them identically. Stale
+workers are found by their command line (the job's folder), so a serve
+killed between starting a worker and noting its pid leaves none behind.
+
+**A worker killed by a signal** (the OOM killer, an operator's ``kill -9``)
+leaves its launched server behind: the scheduler reaps it. A bisect goes
+back to the queue and resumes from its journal, unless
+:data:`MAX_WORKER_DEATHS` workers in a row died without finishing a trial
+(then it fails); a replay or verify fails, its partial results kept.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ log = logging.getLogger("replayer.service")
 CANCEL_GRACE = 30.0
 """Seconds a worker gets to stop its servers after SIGTERM before SIGKILL."""
 EXIT_INTERRUPTED = 130
+MAX_WORKER_DEATHS = 3
+"""A bisect whose workers are killed this many times in a row, none
+finishing a trial, fails instead of going back to the queue."""
 
 
 @dataclass
@@ -59,6 +70,7 @@ class _Running:
     proc: asyncio.subprocess.Process | None = None
     task: asyncio.Task[None] | None = None
     metrics_port: int | None = None
+    trials_at_start: int = 0
 
 
 def _pid_is_worker(pid: int, job_dir: Path) -> bool:
@@ -70,6 +82,17 @@ def _pid_is_worker(pid: int, job_dir: Path) -> bool:
     # replayer.service.worker: the module's name before 0.2, for jobs a restart finds
     worker = b"replayer.cli.worker" in cmd or b"replayer.service.worker" in cmd
     return worker and str(job_dir).encode() in cmd
+
+
+def _workers_of(job_dir: Path) -> list[int]:
+    """Every live worker of ``job_dir``: a serve killed between starting a
+    worker and noting its pid leaves one that state.json does not name."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        pid = int(proc.name)
+        if pid != os.getpid() and _pid_is_worker(pid, job_dir):
+            out.append(pid)
+    return out
 
 
 async def _wait_gone(pid: int, within: float) -> bool:
@@ -264,6 +287,10 @@ class Scheduler:
             )
         run = self.running[job.id]
         run.proc, run.metrics_port = proc, port
+        if job.kind == "bisect":
+            run.trials_at_start = self.progress.journal(
+                self.store.out(job) / "journal.jsonl"
+            ).trials
         self.store.update(job, worker_pid=proc.pid)
         if job.cancel_requested:
             self._stop_worker(job, proc)
@@ -271,7 +298,28 @@ class Scheduler:
         if self._stopping.is_set() and not job.cancel_requested:
             self.store.note(job, f"worker stopped by serve shutdown (exit {code}); resumes later")
             return  # state stays RUNNING: recover() resumes it on the next start
+        if code < 0 and not job.cancel_requested:
+            # killed by a signal (the OOM killer, an operator): its servers
+            # would outlive it
+            reap_orphan(self.store.out(job) / "server.pid")
+            if job.kind == "bisect" and self._resume_killed(job, code, run.trials_at_start):
+                return
         self._finish(job, code)
+
+    def _resume_killed(self, job: Job, code: int, trials_at_start: int) -> bool:
+        """Put a bisect whose worker was killed back in the queue (it resumes
+        from its journal), unless its workers keep dying without finishing a
+        trial. True if it was requeued."""
+        out = self.store.out(job)
+        progressed = self.progress.journal(out / "journal.jsonl").trials > trials_at_start
+        deaths = 0 if progressed else job.worker_deaths + 1
+        if deaths >= MAX_WORKER_DEATHS:
+            self.store.update(job, worker_deaths=deaths)
+            return False
+        self.store.note(job, f"the worker was killed by signal {-code}")
+        self.store.update(job, worker_deaths=deaths)
+        self._requeue_bisect(job, out, why="its worker was killed by a signal")
+        return True
 
     def _finish(self, job: Job, code: int) -> None:
         out, logp = self.store.out(job), self.store.log_path(job)
@@ -284,6 +332,8 @@ class Scheduler:
             state = JobState.FAILED
             if code < 0:
                 message = f"the worker was killed by signal {-code}"
+                if job.worker_deaths >= MAX_WORKER_DEATHS:
+                    message += f" ({job.worker_deaths} times in a row, no trial finished)"
             else:
                 message = last_error_line(logp) or f"exit code {code}"
         self.store.note(job, f"worker exited with code {code}: {state.value}")
@@ -337,15 +387,14 @@ class Scheduler:
     # -- restart --------------------------------------------------------------------
 
     async def _stop_stale_worker(self, job: Job) -> None:
-        pid, d = job.worker_pid, self.store.dir(job)
-        if pid is None or not _pid_is_worker(pid, d):
-            return
-        self.store.note(job, f"stopping the previous serve's worker (pid {pid})")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        if not await _wait_gone(pid, self.cancel_grace) and _pid_is_worker(pid, d):
+        d = self.store.dir(job)
+        for pid in await asyncio.to_thread(_workers_of, d):
+            self.store.note(job, f"stopping the previous serve's worker (pid {pid})")
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGTERM)
+            if not await _wait_gone(pid, self.cancel_grace) and _pid_is_worker(pid, d):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
 
     async def recover(self) -> None:
         """Settle the jobs a previous ``serve`` left running (module docstring)."""
@@ -378,7 +427,7 @@ class Scheduler:
                 result=result_of(job.kind, out, self.store.log_path(job)),
             )
 
-    def _requeue_bisect(self, job: Job, out: Path) -> None:
+    def _requeue_bisect(self, job: Job, out: Path, why: str = "serve restarted") -> None:
         argv = list(job.argv)
         spec = dict(job.spec) if job.spec is not None else None
         if (out / "journal.jsonl").exists():
@@ -386,12 +435,12 @@ class Scheduler:
                 argv.insert(len(argv) - 1, "--resume")  # before --out, which stays last
             if spec is not None:
                 spec["resume"] = True
-            note = "serve restarted: the bisect resumes from its journal"
+            note = f"{why}: the bisect resumes from its journal"
         else:
             # no trial finished: start over, keeping what the first attempt left
             if out.exists():
                 out.rename(out.with_name(f"out.attempt-{job.attempts}"))
-            note = "serve restarted before the first trial finished: the bisect starts over"
+            note = f"{why} before the first trial finished: the bisect starts over"
         self.store.note(job, note)
         self.store.update(
             job, state=JobState.QUEUED, argv=argv, spec=spec, worker_pid=None, note=note, slots=[]

@@ -1,6 +1,10 @@
 """Running the service: bind, announce, wait for SIGTERM/SIGINT, stop cleanly.
 
 One serve per data directory (an exclusive ``flock`` on ``DIR/.serve.lock``).
+Abusive clients are bounded (:mod:`replayer._http`): a request head must
+arrive whole, and a stalled body resume, within ``$REPLAYER_CLIENT_TIMEOUT``
+(60 s); heads are bounded in size and count; the open-files limit is raised
+for idle connections.
 On a stop signal the listener closes, running workers are asked to stop
 (their jobs stay ``running`` on disk and resume at the next start, see
 :mod:`replayer.service.scheduler`), and the process exits 0.
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
 import signal
 import sys
@@ -17,9 +22,22 @@ from pathlib import Path
 
 from aiohttp import web
 
+from replayer._http import (
+    CLIENT_TIMEOUT_S,
+    MAX_HEADERS,
+    SERVER_LOG,
+    ClientDeadline,
+    client_timeout,
+    quiet_client_faults,
+    raise_fd_limit,
+)
 from replayer.errors import UsageError
 from replayer.options.service import ServeOptions
 from replayer.service.app import ServeConfig, Service
+
+SERVE_FDS = 4096
+"""Open files serve wants: client connections (idle ones included), its
+workers' pipes and logs, and the files it serves."""
 
 
 def _lock_data(data: Path) -> int | None:
@@ -42,6 +60,7 @@ async def serve(
     *,
     port_file: Path | None = None,
     source: str = "",
+    client_timeout_s: float = CLIENT_TIMEOUT_S,
 ) -> int:
     lock = _lock_data(cfg.data)
     if lock is None:
@@ -50,13 +69,27 @@ async def serve(
             file=sys.stderr,
         )
         return 2
+    warning = raise_fd_limit(SERVE_FDS)
+    if warning is not None:
+        print(f"replayer serve: warning: {warning}", file=sys.stderr, flush=True)
+    # a client vanishing mid-upload fails its handler: one line, not a traceback
+    quiet_client_faults(logging.getLogger("replayer.service"))
     svc = Service(cfg)
-    runner = web.AppRunner(svc.app(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        svc.app(),
+        access_log=None,
+        handle_signals=False,
+        logger=SERVER_LOG,
+        max_headers=MAX_HEADERS,
+    )
     await runner.setup()
+    assert runner.server is not None
+    deadline = ClientDeadline(runner.server, client_timeout_s).start()
     site = web.TCPSite(runner, host, port, backlog=1024)
     try:
         await site.start()
     except OSError as exc:
+        deadline.stop()
         await runner.cleanup()
         print(
             f"replayer serve: error: cannot listen on {host}:{port}: {exc.strerror}",
@@ -86,6 +119,7 @@ async def serve(
         await stop.wait()
     finally:
         print("replayer serve: stopping", file=sys.stderr, flush=True)
+        deadline.stop()
         await runner.cleanup()
     return 0
 
@@ -114,4 +148,12 @@ def run(options: ServeOptions) -> int:
         cancel_grace=options.cancel_grace,
     )
     port_file = Path(options.port_file) if options.port_file else None
-    return asyncio.run(serve(cfg, options.host, options.port, port_file=port_file, source=source))
+    serving = serve(
+        cfg,
+        options.host,
+        options.port,
+        port_file=port_file,
+        source=source,
+        client_timeout_s=client_timeout(),
+    )
+    return asyncio.run(serving)

@@ -57,6 +57,7 @@ SERVER_OWNED = frozenset(
         "api_key_env",
         "api_key_file",
         "target_key",
+        "target_health",
         "control_key",
         "from_run",
         "help",
@@ -67,6 +68,8 @@ SERVER_OWNED = frozenset(
     }
 )
 POOL_OWNED = frozenset({"pool", "control_pool", "servers", "gpus"})
+REFUSED = LAUNCH_KEYS | SERVER_OWNED | POOL_OWNED
+"""Declared options a job's ``options`` may not set (the OpenAPI document leaves them out)."""
 TOP_LEVEL = frozenset({"kind", "trace", "bundle", "job", "target", "targets", "control"})
 TOP_LEVEL |= {"options", "label", "pool", "max_servers"}
 
@@ -137,9 +140,11 @@ def option_values(kind: str, given: object) -> tuple[list[str], dict[str, Any]]:
         if opt.flag:
             if not isinstance(value, bool):
                 raise SpecError(f"options.{key}: a flag, want true or false")
-            if value:
+            # {"no_monitor": true} is the flag given; {"enabled": true} the parameter's value
+            param = value != opt.negated if name != opt.name else value
+            if param != opt.default:
                 argv.append(opt.spelling)
-            values[opt.name] = value != opt.negated
+            values[opt.name] = param
             continue
         if isinstance(value, list) and not opt.repeat:
             raise SpecError(f"options.{key}: takes one value, not a list")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from replayer.service.config import load_targets
-from replayer.service.specs import SpecError, option_argv, plan_job, redact_argv
+from replayer.service.specs import SpecError, option_argv, option_values, plan_job, redact_argv
 
 pytestmark = pytest.mark.inprocess
 
@@ -66,3 +66,15 @@ def test_plan_job_builds_the_command(tmp_path):
         plan_job({"kind": "bisect", "trace": "t", "target": "b300"}, targets, resolve, tmp_path)
     with pytest.raises(SpecError, match="unknown field"):
         plan_job({"kind": "replay", "cmd": "x"}, targets, resolve, tmp_path)
+
+
+def test_a_negated_flag_by_parameter_name_is_the_parameters_value():
+    # "enabled" is WatchConfig's parameter, "no_monitor" its flag (--no-monitor)
+    assert option_values("bisect", {"enabled": True}) == ([], {"enabled": True})
+    assert option_values("bisect", {"enabled": False}) == (["--no-monitor"], {"enabled": False})
+    assert option_values("bisect", {"no_monitor": True}) == (["--no-monitor"], {"enabled": False})
+    assert option_values("bisect", {"no-monitor": False}) == ([], {"enabled": True})
+    assert option_values("replay", {"save_output": True}) == (
+        ["--save-output"],
+        {"save_output": True},
+    )
