@@ -11,6 +11,7 @@ from pathlib import Path
 BENCHES = (
     "trace_storage", "emulator", "record", "replay", "bisect", "serve", "realvllm", "wire",
     "integrity", "bisect_fake", "agent_kinds", "wire_speed", "cli_start", "pool_sim",
+    "idle_conns",
 )  # fmt: skip
 ON_REQUEST = ("loaded", "aiperf_inputs", "install_size")
 """Run only when named: they take the whole machine for most of an hour, or
