@@ -29,7 +29,7 @@ import orjson
 import pyarrow as pa
 
 from replayer.errors import TraceCorruptError
-from replayer.trace.schema import META_COLUMN_DIGESTS, META_SCHEMA_DIGEST
+from replayer.trace.schema import META_BATCH_START, META_COLUMN_DIGESTS, META_SCHEMA_DIGEST
 
 DIGEST_BYTES = 8
 
@@ -112,13 +112,40 @@ def schema_digest(schema: pa.Schema) -> str:
     return h.hexdigest()
 
 
-def batch_metadata(batch: pa.RecordBatch, schema: pa.Schema) -> dict[bytes, bytes]:
-    """The custom metadata a writer stores with ``batch`` (of ``schema``)."""
+def batch_metadata(
+    batch: pa.RecordBatch, schema: pa.Schema, start: int | None = None
+) -> dict[bytes, bytes]:
+    """The custom metadata a writer stores with ``batch`` (of ``schema``);
+    ``start``, the rows written before it, lets a reader see a batch moved,
+    repeated or dropped from the middle of a stream (which does not count
+    its batches), each of which still matches its own digests."""
     digests = b"".join(column_digest(c) for c in batch.columns)
-    return {
+    meta = {
         META_SCHEMA_DIGEST: schema_digest(schema).encode(),
         META_COLUMN_DIGESTS: digests.hex().encode(),
     }
+    if start is not None:
+        meta[META_BATCH_START] = str(start).encode()
+    return meta
+
+
+def check_start(path: Path, where: str, meta: pa.KeyValueMetadata | None, start: int) -> None:
+    """Refuse a batch that says it starts at another row than where it is
+    read (batches written before the start was stored say nothing)."""
+    said = dict(meta or {}).get(META_BATCH_START)
+    if said is None:
+        return
+    try:
+        at = int(said.decode())
+    except ValueError:
+        raise corrupt(path, where, "its start row is unreadable") from None
+    if at != start:
+        raise corrupt(
+            path,
+            where,
+            f"was written at row {at:,} but is read at row {start:,} "
+            "(a batch before it moved, repeated or went missing)",
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from replayer.trace.digests import (
     Stored,
     batch_where,
     check_columns,
+    check_start,
     corrupt,
     schema_digest,
     short,
@@ -279,6 +280,7 @@ class Trace:
                 if got.schema != fp:
                     raise corrupt(p, "header", "the schema does not match its digest")
                 check_columns(p, where, batch, wanted, got)
+                check_start(p, where, meta, start)
                 digests.append(got)
             idx_batches.append(compat.migrate_batch(batch, steps))
             start += batch.num_rows

@@ -43,6 +43,9 @@ META_TOKENS = b"replayer.tokens"
 # per record batch (v2)
 META_SCHEMA_DIGEST = b"replayer.schema_digest"
 META_COLUMN_DIGESTS = b"replayer.column_digests"
+META_BATCH_START = b"replayer.batch_start"
+"""Rows written before the batch: absent in traces written before it was
+added, which are read as before."""
 
 
 class Kind(StrEnum):

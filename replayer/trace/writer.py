@@ -297,7 +297,8 @@ class TraceWriter:
                     for f in self._schema
                 ]
                 batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
-                self._ipc.write_batch(batch, custom_metadata=batch_metadata(batch, self._schema))
+                meta = batch_metadata(batch, self._schema, start=self.rows_written)
+                self._ipc.write_batch(batch, custom_metadata=meta)
             self._sink.flush()
             if self._fsync:
                 os.fsync(self._sink.fileno())

@@ -408,10 +408,11 @@ def _matches_truth(
     src: Source, name: str, t: Trace, truth: tuple[list[tuple[object, ...]], list[int]]
 ) -> None:
     """An accepted mutant reads as the undamaged part of ``src``: every row,
-    or (a torn tail, said so) the rows of its first complete batches. A
-    whole batch dropped from a closed stream is the one loss no byte shows
-    (the stream does not count its batches): every row left is still exactly
-    as recorded."""
+    or (a torn tail, said so) the rows of its first complete batches. The
+    last batch dropped whole from a closed stream is the one loss no byte
+    shows (a stream does not count its batches, and every batch says the row
+    it starts at, so one dropped before others is seen): every row left is
+    still exactly as recorded."""
     rows, ends = truth
     assert len(t) > 0, (name, "an empty read must be refused")
     if not src.digests:
@@ -419,8 +420,8 @@ def _matches_truth(
     got = _rows(t)
     if name.startswith("drop ") and len(t) < len(rows):
         k = int(name.split()[1])
-        lo = ends[k - 1] if k else 0
-        assert got == rows[:lo] + rows[ends[k] :], name
+        assert k == len(ends) - 1, (name, "a batch went missing before others, unseen")
+        assert got == rows[: ends[k - 1] if k else 0], name
         return
     assert len(t) in ends, (name, len(t), ends)
     assert len(t) == len(rows) or t.torn_tail, (name, "rows lost without a torn tail")
@@ -511,7 +512,8 @@ def _fixed_mutants(sources: dict[str, Source]) -> dict[str, tuple[bytes, str]]:
     return {
         "flip": (bytes(flipped), "corrupt trace: "),
         "nothing left": (stream.data[: stream.batches[0][1] - 1], "corrupt trace: batch 0: "),
-        "duplicate": (_with_batches(stream, [msgs[0], *msgs]), "corrupt trace: row "),
+        "duplicate": (_with_batches(stream, [msgs[0], *msgs]), "corrupt trace: batch 1 "),
+        "drop": (_with_batches(stream, [msgs[0], *msgs[2:]]), "corrupt trace: batch 1 "),
         "version": (
             _metadata_edit(file, META_VERSION, b"99", redigest=True),
             "schema v99",
@@ -532,7 +534,7 @@ def _cli(cmd: str, trace: Path, url: str, out: Path) -> list[str]:
 
 
 CLI = ("inspect", "export", "trace convert", "trace merge", "replay", "bisect")
-MUTANTS = ("flip", "nothing left", "duplicate", "version")
+MUTANTS = ("flip", "nothing left", "duplicate", "drop", "version")
 
 
 def _run_cli(
@@ -562,10 +564,12 @@ SAMPLED = (
     ("trace convert", "version"),
     ("trace merge", "flip"),
     ("replay", "duplicate"),
+    ("inspect", "drop"),
     ("bisect", "nothing left"),
 )
 """One mutant each: the issue's cases (a cut with nothing left for inspect
-and bisect, a repeated batch replay would send twice)."""
+and bisect, a repeated batch replay would send twice, a batch gone from the
+middle of a stream)."""
 
 
 @pytest.mark.parametrize(("cmd", "mutant"), SAMPLED)

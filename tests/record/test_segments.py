@@ -117,7 +117,6 @@ def test_traces_without_a_clock_are_placed_one_after_another(tmp_path):
     assert res.renamed == 1
 
 
-
 def test_merge_names_a_segment_killed_before_its_first_row(tmp_path):
     """A recorder killed before its first exchange leaves a schema with no
     whole batch after it: merge refuses it, naming it (nothing is in it to

@@ -13,8 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replayer.errors import TraceCorruptError
-from replayer.trace.digests import DIGEST_BYTES, Stored, check_columns, column_digest, schema_digest
-from replayer.trace.schema import META_COLUMN_DIGESTS, META_SCHEMA_DIGEST
+from replayer.trace.digests import (
+    DIGEST_BYTES,
+    Stored,
+    check_columns,
+    check_start,
+    column_digest,
+    schema_digest,
+)
+from replayer.trace.reader import Trace
+from replayer.trace.schema import META_BATCH_START, META_COLUMN_DIGESTS, META_SCHEMA_DIGEST
 from tests.helpers.traces import write_current
 
 pytestmark = pytest.mark.inprocess
@@ -122,3 +130,44 @@ def test_a_column_with_bad_offsets_is_corrupt_not_a_crash(arr):
     digests = Stored("x", (b"\0" * DIGEST_BYTES,))
     with pytest.raises(TraceCorruptError, match=r"t\.arrow: corrupt trace: batch 0: column "):
         check_columns(Path("t.arrow"), "batch 0", batch, [0], digests)
+
+
+def test_every_batch_says_the_row_it_starts_at(tmp_path):
+    path = write_current(tmp_path / "t.arrow")
+    r = ipc.open_file(path)
+    start = 0
+    for i in range(r.num_record_batches):
+        got = r.get_batch_with_custom_metadata(i)
+        assert dict(got.custom_metadata)[META_BATCH_START] == str(start).encode()
+        start += got.batch.num_rows
+
+
+def test_a_batch_gone_from_the_middle_of_a_stream_is_seen(tmp_path):
+    """Each batch still matches its own digests and the stream ends
+    properly: only the start row the writer stored tells that one is gone."""
+    path = write_current(tmp_path / "t.arrow", form="stream")
+    src = ipc.open_stream(path)
+    batches = []
+    while True:
+        try:
+            batches.append(src.read_next_batch_with_custom_metadata())
+        except StopIteration:
+            break
+    assert len(batches) >= 3
+    cut = tmp_path / "cut.arrow"
+    with pa.OSFile(str(cut), "wb") as sink, ipc.new_stream(sink, src.schema) as w:
+        for k, b in enumerate(batches):
+            if k != 1:
+                w.write_batch(b.batch, custom_metadata=b.custom_metadata)
+    n0, n1 = batches[0].batch.num_rows, batches[1].batch.num_rows
+    want = rf"was written at row {n0 + n1} but is read at row {n0} "
+    with pytest.raises(TraceCorruptError, match=want):
+        Trace.open(cut)
+
+
+def test_a_batch_without_a_start_row_is_read_as_before(tmp_path):
+    """Traces written before batches said where they start read unchanged."""
+    check_start(tmp_path / "t.arrow", "batch 3", pa.KeyValueMetadata({b"x": b"1"}), 9)
+    with pytest.raises(TraceCorruptError, match="start row is unreadable"):
+        meta = pa.KeyValueMetadata({META_BATCH_START: b"nine"})
+        check_start(tmp_path / "t.arrow", "batch 3", meta, 9)
