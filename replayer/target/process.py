@@ -165,6 +165,9 @@ class LaunchedTarget(ServerTarget):
         self._exited = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
         self._launching: asyncio.Task[subprocess.Popen[bytes] | OSError] | None = None
+        self._launched: asyncio.Task[subprocess.Popen[bytes] | OSError] | None = None
+        """The last launch whose process is accounted for: a start that
+        finished, or a stop that ended what a cancelled start made."""
         self._started = 0.0
 
     # -- state ---------------------------------------------------------------------------
@@ -206,6 +209,10 @@ class LaunchedTarget(ServerTarget):
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self._launching is not None and self._launching is not self._launched:
+            # a cancelled start's launch (maybe still going on in its thread):
+            # what it made is nobody's, and must not take this launch's place
+            await self.stop()
         if self.alive():
             raise TargetError(f"{self.argv[0]} is already running (pid {self.pid})")
         await self._reap_group()  # leftovers of the previous launch, if any
@@ -228,6 +235,7 @@ class LaunchedTarget(ServerTarget):
             self._proc = None
             raise LaunchError(f"cannot launch {self.argv[0]!r}: {proc.strerror or proc}")
         self._proc, self._pgid = proc, proc.pid
+        self._launched = launch
         self._started = self.clock.now()
         _LIVE.add(self)
         self._watcher = spawn(self._watch(proc, self._exited), name=f"target-exit-{proc.pid}")
@@ -287,6 +295,7 @@ class LaunchedTarget(ServerTarget):
                     await asyncio.shield(launching)
             if launching.done():
                 self._adopt(launching)
+                self._launched = launching
         proc = self._proc
         if proc is None:
             return self._exit

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -187,6 +188,34 @@ async def test_a_start_cancelled_mid_launch_leaves_no_process(tmp_path):
     proc = t._proc
     assert proc is not None and proc.returncode is not None  # made, stopped and reaped
     assert_group_gone(proc.pid)
+
+
+async def test_a_start_after_a_cancelled_one_stops_what_that_one_made(tmp_path):
+    # a trial cancelled mid-restart, then the next trial starts the server
+    # again without a stop: the cancelled launch's process is stopped, never
+    # left running under the new one (nor put in its place)
+    from replayer._async import spawn
+
+    t = LaunchedTarget([sys.executable, "-c", "import time; time.sleep(60)"],
+                       "http://127.0.0.1:9", tmp_path / "s.log")  # fmt: skip
+    task = spawn(t.start(), name="start")
+    for _ in range(1000):  # until the launch is under way (loop passes, bounded)
+        if t._launching is not None:
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    first = t._launching
+    await t.start()
+    assert first is not None and first.done()
+    old = first.result()
+    assert isinstance(old, subprocess.Popen) and old.returncode is not None
+    assert_group_gone(old.pid)
+    new = t._proc
+    assert new is not None and new is not old and t.alive()
+    await t.stop()
+    assert new.returncode is not None
+    assert_group_gone(new.pid)
 
 
 async def test_ready_timeout_while_loading(launched):
