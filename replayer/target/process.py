@@ -169,6 +169,10 @@ class LaunchedTarget(ServerTarget):
         """The last launch whose process is accounted for: a start that
         finished, or a stop that ended what a cancelled start made."""
         self._started = 0.0
+        self._others: list[subprocess.Popen[bytes]] = []
+        """Processes this target made that another took the place of while
+        they may still run (a cancelled start's late launch): stop() ends
+        them too, so none outlives the target unowned."""
 
     # -- state ---------------------------------------------------------------------------
 
@@ -234,6 +238,7 @@ class LaunchedTarget(ServerTarget):
                 out.write(f"replayer: cannot launch: {proc}\n".encode())
             self._proc = None
             raise LaunchError(f"cannot launch {self.argv[0]!r}: {proc.strerror or proc}")
+        self._keep(proc)
         self._proc, self._pgid = proc, proc.pid
         self._launched = launch
         self._started = self.clock.now()
@@ -265,8 +270,16 @@ class LaunchedTarget(ServerTarget):
             return
         proc = launch.result()
         if isinstance(proc, subprocess.Popen) and self._proc is not proc:
+            self._keep(proc)
             self._proc, self._pgid = proc, proc.pid
             _LIVE.add(self)
+
+    def _keep(self, new: subprocess.Popen[bytes]) -> None:
+        """Before ``new`` takes the current process's place: keep the current
+        one to stop if it may still run."""
+        old = self._proc
+        if old is not None and old is not new and old.poll() is None:
+            self._others.append(old)
 
     async def _watch(self, proc: subprocess.Popen[bytes], event: asyncio.Event) -> None:
         # Polled: an awaitable child exit needs a child watcher bound to one
@@ -309,6 +322,7 @@ class LaunchedTarget(ServerTarget):
             if not await self._until(gone, self.stop_grace):
                 log.warning("%s: SIGKILL after %gs of SIGTERM", self.argv[0], self.stop_grace)
         await self._reap_group()
+        await self._reap_others()
         self._poll()
         if self._watcher is not None:
             self._watcher.cancel()
@@ -317,6 +331,19 @@ class LaunchedTarget(ServerTarget):
         self._exited.set()
         _LIVE.discard(self)
         return self._exit
+
+    async def _reap_others(self) -> None:
+        for proc in self._others:
+            if proc.poll() is None:
+                log.warning("%s: stopping a process a later launch replaced", self.argv[0])
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+                def ended(p: subprocess.Popen[bytes] = proc) -> bool:
+                    return p.poll() is not None
+
+                await self._until(ended, KILL_WAIT)
+        self._others = [p for p in self._others if p.poll() is None]
 
     async def restart(self) -> None:
         await self.stop()
