@@ -194,8 +194,8 @@ def test_record_then_replay_delivers_the_same_bodies_order_and_sessions(
 
 def test_sigkill_under_load_keeps_every_flushed_row(emulator_factory, recorders, tmp_path):
     """What the recorder reported on disk just before a SIGKILL is all in the
-    trace, intact: asked of the recorder itself (its live metrics), so a busy
-    machine that delays a flush changes how much, never whether."""
+    trace, intact (asked of the recorder itself, its live metrics), and so is
+    every exchange a client saw complete."""
     emu = emulator_factory(["--speed", "instant", "--disable-uvicorn-access-log"])
     out = tmp_path / "load.arrow"
     rec = recorders(tmp_path, emu.url, out, "--flush-interval", "0.25", "--metrics-port", "0")
@@ -251,7 +251,10 @@ def test_sigkill_under_load_keeps_every_flushed_row(emulator_factory, recorders,
     t = Trace.open(out)  # readable: complete batches kept, a torn tail dropped
     assert on_disk >= 300 and len(t) >= on_disk
     kept = t.column("request_id")
-    assert set(kept) <= done | {r for r in kept if t.outcome(t.row_of(r))["status"] != 200}
+    # every exchange a client saw complete is in the trace (each is written
+    # before its client gets the end; a row whose end the kill kept from its
+    # client may be there too: the server had answered it in full)
+    assert done <= set(kept)
     assert all(t.outcome(r)["status"] == 200 for r in range(len(t)))
     assert all(t.body(r)["messages"][0]["content"].startswith("worker") for r in range(len(t)))
 
