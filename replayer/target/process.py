@@ -169,10 +169,11 @@ class LaunchedTarget(ServerTarget):
         """The last launch whose process is accounted for: a start that
         finished, or a stop that ended what a cancelled start made."""
         self._started = 0.0
-        self._others: list[subprocess.Popen[bytes]] = []
-        """Processes this target made that another took the place of while
-        they may still run (a cancelled start's late launch): stop() ends
-        them too, so none outlives the target unowned."""
+        self._made: list[subprocess.Popen[bytes]] = []
+        """Every process this target launched and has not seen end, noted by
+        the launching thread itself: whatever became of the start that asked
+        for it (cancelled, overtaken by another), stop() ends it, so none
+        outlives the target unowned."""
 
     # -- state ---------------------------------------------------------------------------
 
@@ -224,6 +225,7 @@ class LaunchedTarget(ServerTarget):
         self._begin_segment(launch_marker(self.launches, redact_command(self.command_text())))
         self._exit = None
         self._exited = asyncio.Event()
+        _LIVE.add(self)  # from now on it may own a process: never collected before stop()
         launch = spawn(asyncio.to_thread(self._popen), name="target-launch")
         self._launching = launch
         try:
@@ -238,7 +240,6 @@ class LaunchedTarget(ServerTarget):
                 out.write(f"replayer: cannot launch: {proc}\n".encode())
             self._proc = None
             raise LaunchError(f"cannot launch {self.argv[0]!r}: {proc.strerror or proc}")
-        self._keep(proc)
         self._proc, self._pgid = proc, proc.pid
         self._launched = launch
         self._started = self.clock.now()
@@ -252,7 +253,7 @@ class LaunchedTarget(ServerTarget):
         bad command is one line, not a background task's traceback)."""
         try:
             with self.log_file.open("ab") as out:
-                return subprocess.Popen(
+                proc = subprocess.Popen(
                     self.argv,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -263,6 +264,8 @@ class LaunchedTarget(ServerTarget):
                 )
         except OSError as exc:
             return exc
+        self._made.append(proc)  # here, not in start(): a cancelled start never sees it
+        return proc
 
     def _adopt(self, launch: asyncio.Task[subprocess.Popen[bytes] | OSError]) -> None:
         """Hold the process of a launch whose start was cancelled."""
@@ -270,16 +273,8 @@ class LaunchedTarget(ServerTarget):
             return
         proc = launch.result()
         if isinstance(proc, subprocess.Popen) and self._proc is not proc:
-            self._keep(proc)
             self._proc, self._pgid = proc, proc.pid
             _LIVE.add(self)
-
-    def _keep(self, new: subprocess.Popen[bytes]) -> None:
-        """Before ``new`` takes the current process's place: keep the current
-        one to stop if it may still run."""
-        old = self._proc
-        if old is not None and old is not new and old.poll() is None:
-            self._others.append(old)
 
     async def _watch(self, proc: subprocess.Popen[bytes], event: asyncio.Event) -> None:
         # Polled: an awaitable child exit needs a child watcher bound to one
@@ -322,7 +317,7 @@ class LaunchedTarget(ServerTarget):
             if not await self._until(gone, self.stop_grace):
                 log.warning("%s: SIGKILL after %gs of SIGTERM", self.argv[0], self.stop_grace)
         await self._reap_group()
-        await self._reap_others()
+        await self._reap_made()
         self._poll()
         if self._watcher is not None:
             self._watcher.cancel()
@@ -332,10 +327,12 @@ class LaunchedTarget(ServerTarget):
         _LIVE.discard(self)
         return self._exit
 
-    async def _reap_others(self) -> None:
-        for proc in self._others:
+    async def _reap_made(self) -> None:
+        """End every process this target made that still runs (the current
+        one is already reaped by its group)."""
+        for proc in self._made:
             if proc.poll() is None:
-                log.warning("%s: stopping a process a later launch replaced", self.argv[0])
+                log.warning("%s: stopping pid %d, a launch no start kept", self.argv[0], proc.pid)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
 
@@ -343,7 +340,7 @@ class LaunchedTarget(ServerTarget):
                     return p.poll() is not None
 
                 await self._until(ended, KILL_WAIT)
-        self._others = [p for p in self._others if p.poll() is None]
+        self._made = [p for p in self._made if p.poll() is None]
 
     async def restart(self) -> None:
         await self.stop()
@@ -352,9 +349,13 @@ class LaunchedTarget(ServerTarget):
     def kill(self) -> None:
         """SIGKILL the group now, without waiting (interpreter exit)."""
         self._signal(signal.SIGKILL)
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(1.0)
+        for proc in self._made:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for made in [self._proc, *self._made]:
+            if made is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    made.wait(1.0)
         _LIVE.discard(self)
 
     def _signal(self, sig: int) -> None:

@@ -218,28 +218,21 @@ async def test_a_start_after_a_cancelled_one_stops_what_that_one_made(tmp_path):
     assert_group_gone(new.pid)
 
 
-async def test_a_process_another_launch_replaced_is_stopped_with_the_target(tmp_path):
-    # however a late launch comes to take the current process's place (a
-    # cancelled start adopted after the next start), stop() ends both: no
-    # process the target made outlives it unowned
+async def test_a_launch_no_start_kept_is_stopped_with_the_target(tmp_path):
+    # however a launch's start comes to lose it (cancelled, overtaken, its
+    # task dropped at loop shutdown), the launching thread noted the process:
+    # stop() ends it with the current one, none outlives the target unowned
     t = LaunchedTarget([sys.executable, "-c", "import time; time.sleep(60)"],
                        "http://127.0.0.1:9", tmp_path / "s.log")  # fmt: skip
     await t.start()
-    first = t._proc
-    assert first is not None
-    late = await asyncio.to_thread(
-        subprocess.Popen,
-        [sys.executable, "-c", "import time; time.sleep(60)"],
-        start_new_session=True,
-    )
-    done: asyncio.Future[subprocess.Popen[bytes]] = asyncio.get_running_loop().create_future()
-    done.set_result(late)
-    t._adopt(done)  # type: ignore[arg-type]
-    assert t._proc is late
+    current = t._proc
+    stray = await asyncio.to_thread(t._popen)  # a launch whose start never saw it
+    assert isinstance(stray, subprocess.Popen) and current is not None
+    assert t._proc is current
     await t.stop()
-    assert first.returncode is not None and late.returncode is not None
-    assert_group_gone(first.pid)
-    assert_group_gone(late.pid)
+    assert current.returncode is not None and stray.returncode is not None
+    assert_group_gone(current.pid)
+    assert_group_gone(stray.pid)
 
 
 async def test_ready_timeout_while_loading(launched):
