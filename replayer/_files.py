@@ -56,22 +56,39 @@ def truncate_quietly(path: str | os.PathLike[str], size: int) -> None:
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary path; rename it to ``path`` if the block succeeds.
+    """Yield a temporary path; rename it to ``path`` if the block succeeds,
+    remove it if not.
 
     An existing ``path`` is refused unless ``force``: replayer never
-    overwrites a trace or a result by accident."""
+    overwrites a trace or a result by accident. A failed write of the
+    temporary (a full disk) is one :class:`~replayer.errors.OutputError`
+    naming ``path``; an ``OSError`` about another file (a source being
+    read) is not ours and passes as it is."""
     out = Path(path)
     if out.exists() and not force:
         raise UsageError(f"{out} already exists (use --force to overwrite)")
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     try:
+        if out.parent and not out.parent.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         os.replace(tmp, out)
+    except OSError as exc:
+        other = exc.filename is not None and Path(exc.filename) not in (tmp, out, out.parent)
+        if other and not no_space(exc):
+            raise
+        raise output_error(exc, out) from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """``data`` as the whole of ``path``, by a temporary and a rename: a
+    reader never sees half a file, a full disk leaves the previous file as
+    it was and no temporary (one :class:`~replayer.errors.OutputError`)."""
+    with atomic_output(path, force=True) as tmp:
+        tmp.write_bytes(data)
 
 
 def parse_json_or_toml(path: Path, text: str) -> object:

@@ -11,8 +11,6 @@ file and a rename: a reader never sees half a file.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from replayer._files import writing
+from replayer._files import write_atomic
 from replayer.errors import ReplayerError
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
@@ -86,12 +84,5 @@ class JsonFile:
         (:class:`~replayer.errors.DiskFullError` names the file)."""
         p = self.path(directory)
         body = {self.key: self.version, **{k: v for k, v in data.items() if k != self.key}}
-        tmp = p.with_name(p.name + ".tmp")
-        try:
-            with writing(p):
-                tmp.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
-                os.replace(tmp, p)
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+        write_atomic(p, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
         return p

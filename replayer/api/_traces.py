@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replayer._files import atomic_output
 from replayer.api._common import Say, TraceLike
 from replayer.api._results import Written
 from replayer.errors import OptionError, UsageError
@@ -19,26 +19,7 @@ from replayer.options import (
 from replayer.session import open_trace
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-
-@contextlib.contextmanager
-def _output(path: str | os.PathLike[str], *, force: bool) -> Iterator[Path]:
-    """A temporary sibling of ``path``, renamed into place when the block
-    succeeds and removed when it fails; a failed write of it (a full disk)
-    is one :class:`~replayer.errors.OutputError` naming ``path``. An
-    ``OSError`` about another file (a source being read) is not ours."""
-    from replayer._files import atomic_output, no_space, output_error
-
-    tmp: Path | None = None
-    try:
-        with atomic_output(Path(path), force=force) as tmp:
-            yield tmp
-    except OSError as exc:
-        other = exc.filename is not None and tmp is not None and Path(exc.filename) != tmp
-        if other and not no_space(exc):
-            raise
-        raise output_error(exc, path) from None
+    pass
 
 
 def inspect(
@@ -91,7 +72,7 @@ def export(
     rows = select(t, limit=sel.limit, sessions=sel.sessions, requests=sel.requests)
     if not rows and not sel.everything:
         raise UsageError("the selection is empty: nothing to export")
-    with _output(output, force=force) as tmp:
+    with atomic_output(output, force=force) as tmp:
         n, skipped = export_path(t, tmp, format, rows)
     return Written(Path(output), n, {"skipped": list(skipped)})
 
@@ -103,7 +84,7 @@ def synth(
     from replayer.trace import synth as _synth
 
     o = options or SynthOptions()
-    with _output(output, force=force) as tmp:
+    with atomic_output(output, force=force) as tmp:
         n = _synth.write_trace(tmp, o)
     return Written(Path(output), n, {"roomy": o.roomy()})
 
@@ -142,7 +123,7 @@ def import_trace(
         details={"sources": [str(s) for s in srcs], **details(mod, srcs, opts)},
     )
     last = time.monotonic()
-    with _output(output, force=force) as tmp, TraceWriter(tmp, meta, form="file") as w:
+    with atomic_output(output, force=force) as tmp, TraceWriter(tmp, meta, form="file") as w:
         for rec in mod.records(srcs, opts):
             w.add(rec)
             now = time.monotonic()
@@ -165,7 +146,7 @@ def merge(
 
     for s in segments:  # rows are rebuilt and renamed: a damaged one would pass for recorded
         open_trace(s).verify()
-    with _output(output, force=force) as tmp:
+    with atomic_output(output, force=force) as tmp:
         return _merge([Path(s) for s in segments], tmp)
 
 
@@ -182,6 +163,6 @@ def convert(
 
     t = open_trace(trace)
     t.verify()
-    with _output(output, force=force) as tmp:
+    with atomic_output(output, force=force) as tmp:
         rows, batches = _convert(t, tmp, form=form)
     return Written(Path(output), rows, {"batches": batches, "from": t.schema_version})

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from replayer._files import output_error
+from replayer._files import output_error, write_atomic
 from replayer._version import __version__
 from replayer.bundle.files import MANIFEST
 from replayer.errors import OutputError
@@ -131,12 +131,7 @@ def _tarball(bundle: Path) -> Path:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(bundle, arcname=bundle.name)
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(target, buf.getvalue())
     return target
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -25,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from replayer._async import Signal, spawn
+from replayer._files import write_atomic
 from replayer._http import free_port
-from replayer.errors import LaunchError, TargetError
+from replayer.errors import LaunchError, OutputError, TargetError
 from replayer.options.pool import PoolSpec
 from replayer.session.slot import Slot
 
@@ -189,13 +189,9 @@ class Pool:
             return
         import json
 
-        tmp = self.state_file.with_name(f".{self.state_file.name}.tmp")
-        with contextlib.suppress(OSError):
-            try:
-                tmp.write_text(json.dumps({"pool": self.name, "servers": self.states()}) + "\n")
-                os.replace(tmp, self.state_file)
-            finally:
-                tmp.unlink(missing_ok=True)  # no half-written copy left on a full disk
+        with contextlib.suppress(OSError, OutputError):
+            data = json.dumps({"pool": self.name, "servers": self.states()}) + "\n"
+            write_atomic(self.state_file, data.encode())
 
     def note_failure(self, slot: Slot, reason: str) -> None:
         """A trial found ``slot`` would not start (INFRA): count it toward

@@ -42,6 +42,7 @@ from tests.helpers.service import (
     small_trace,
     write_targets,
 )
+from tests.helpers.target import alive
 
 SEED = 20261206
 KILLS = 20
@@ -273,14 +274,6 @@ def test_kill_9_serve_and_worker_during_a_bisect(serve_factory, tmp_path):
         s.proc.stop(timeout=60)
     poll(lambda: not marked(mark), "no process of the test left", 30)
     assert port_closed(port) and port_closed(ref_port)
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 @pytest.mark.slow
