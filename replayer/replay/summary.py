@@ -172,6 +172,8 @@ def _failure(failure: Failure | None, report: FailureReport | None) -> dict[str,
     if report is not None:
         r = report.to_dict()
         out["class"] = r.pop("class")
+        if out["class"] == "network":
+            out["message"] = r["message"]  # the request's error, and why it is not a crash
         out.update({k: v for k, v in r.items() if k not in out})
     return out
 

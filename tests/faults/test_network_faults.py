@@ -188,5 +188,7 @@ async def test_the_command_with_the_targets_own_address_exits_3_network(emu, tmp
     assert proc.returncode == 3, err.decode()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["exit_code"] == 3
-    assert summary["targets"]["target"]["failure"]["class"] == "network"
+    failure = summary["targets"]["target"]["failure"]
+    assert failure["class"] == "network"
+    assert f"(network: the target answered /health 200 at {emu.url}" in failure["message"]
     assert not emu.exited()
