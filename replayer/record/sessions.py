@@ -45,6 +45,24 @@ up in a dict: O(request size) per request, whatever the number of sessions.
 Text prompts are grouped by their first characters and hashed incrementally
 at the candidate lengths of their group (one pass over the prompt).
 
+**Joins** (the ``after`` column) are found the same way, from the bodies,
+and only where the text leaves no doubt (see :class:`TextIndex`):
+
+* *fan-in*: a request's new tool results (those after its last assistant
+  message: chat ``role: tool`` content, Messages ``tool_result`` blocks,
+  Responses ``function_call_output`` items) that contain the final answer
+  (reply text, no tool calls, at least 32 characters) of another session's
+  exchange, still that session's latest, join on it: a sub-agent's answer
+  handed back to its parent (Claude Code's Task tool returns the sub-agent's
+  last text).
+* *fan-out*: a session's first request whose first user message contains
+  the ``prompt``, ``input`` or ``task`` argument (at least 32 characters)
+  of a tool call in another session's reply joins on that exchange: the
+  parent request that launched the sub-agent (Claude Code's Task/Agent
+  ``prompt``, an OpenAI Agents SDK agent-as-tool's ``input``).
+
+Text held by two different exchanges is ambiguous and joins nothing.
+
 This module decides; it does not read the network, store rows or keep
 bodies (only digests, bounded by ``memory`` entries, oldest forgotten first).
 """
@@ -52,9 +70,10 @@ bodies (only digests, bounded by ``memory`` entries, oldest forgotten first).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
@@ -78,6 +97,14 @@ class Assignment:
     branching from its parent."""
     parent: str | None = None
     """request id of the earlier exchange this one extends (its delta base)."""
+    joins: tuple[tuple[str, str], ...] = ()
+    """Other sessions' exchanges this one waits for, each with why: (request
+    id, ``result`` (it carries their answer) or ``prompt`` (they launched it))."""
+
+    @property
+    def after(self) -> list[str] | None:
+        """The ``after`` column: the joined request ids (None: no join)."""
+        return [rid for rid, _ in self.joins] or None
 
 
 def _dumps(obj: Any) -> bytes:
@@ -246,6 +273,177 @@ def _new_hash(api: Units = "chat") -> Any:
     return h
 
 
+JOIN_MIN_CHARS = 32
+"""Shortest text a join is found by: shorter answers ("Done.") say nothing."""
+_SCAN_LIMIT = 1 << 20  # characters searched of each tool result (or first message)
+_STARTS = re.compile(r"(?<![^\W_])(?=\S)")  # where a text may begin: not inside a word
+_AMBIGUOUS = ""  # text held by two exchanges: it names neither
+_PROMPT_KEYS = ("prompt", "input", "task")
+_RESULT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+
+
+def _text_digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+class TextIndex:
+    """Texts (at least :data:`JOIN_MIN_CHARS` characters, stripped), each
+    naming the exchange that produced it, found exactly inside longer texts.
+
+    Keys are a text's first :data:`JOIN_MIN_CHARS` characters; a hit there is
+    confirmed by the digest of the whole text, so only digests are kept.
+    A text is looked for where a word begins (a result that wraps an answer
+    in a line, a tag or a quote still holds it there), which also keeps the
+    scan to about one dict lookup per word.
+    """
+
+    def __init__(self, memory: int) -> None:
+        self.memory = memory
+        self._by_anchor: dict[str, dict[tuple[int, bytes], str]] = {}
+        self._lru: OrderedDict[tuple[str, int, bytes], None] = OrderedDict()
+
+    def add(self, text: str, rid: str) -> None:
+        t = text.strip()
+        if len(t) < JOIN_MIN_CHARS:
+            return
+        anchor, key = t[:JOIN_MIN_CHARS], (len(t), _text_digest(t))
+        bucket = self._by_anchor.setdefault(anchor, {})
+        old = bucket.get(key)
+        bucket[key] = rid if old is None or old == rid else _AMBIGUOUS
+        self._lru[(anchor, *key)] = None
+        self._lru.move_to_end((anchor, *key))
+        while len(self._lru) > self.memory:
+            (a, n, d), _ = self._lru.popitem(last=False)
+            b = self._by_anchor.get(a)
+            if b is not None:
+                b.pop((n, d), None)
+                if not b:
+                    del self._by_anchor[a]
+
+    def find(self, text: str) -> list[str]:
+        """The exchanges whose text ``text`` contains, in order of position."""
+        hits: list[str] = []
+        if not self._by_anchor or len(text) < JOIN_MIN_CHARS:
+            return hits
+        end = min(len(text), _SCAN_LIMIT) - JOIN_MIN_CHARS + 1
+        for m in _STARTS.finditer(text, 0, end):
+            i = m.start()
+            bucket = self._by_anchor.get(text[i : i + JOIN_MIN_CHARS])
+            if bucket is None:
+                continue
+            for (n, d), rid in bucket.items():
+                whole = rid and rid not in hits and i + n <= len(text)
+                if whole and _text_digest(text[i : i + n]) == d:
+                    hits.append(rid)
+        return hits
+
+
+def _plain(content: Any) -> str:
+    """The text of a message's or result's content: a string, or its text
+    parts one per line."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return "\n".join(t for t in parts if isinstance(t, str))
+    return ""
+
+
+def _assistant(api: Units, item: Any) -> bool:
+    if not isinstance(item, dict):
+        return False
+    return item.get("role") == "assistant" or (
+        api == "responses" and item.get("type") in _CALL_ITEMS
+    )
+
+
+def new_results(api: Units, items: list[Any]) -> list[str]:
+    """The texts of the tool results a request adds since its last assistant
+    message (earlier ones were its previous turns' to join on)."""
+    last = max((i for i, m in enumerate(items) if _assistant(api, m)), default=-1)
+    out: list[str] = []
+    for m in items[last + 1 :]:
+        if not isinstance(m, dict):
+            continue
+        if api == "chat" and m.get("role") in ("tool", "function"):
+            out.append(_plain(m.get("content")))
+        elif api == "messages" and m.get("role") == "user" and isinstance(m.get("content"), list):
+            for b in m["content"]:
+                if isinstance(b, dict) and b.get("type") == "tool_result":
+                    out.append(_plain(b.get("content")))
+        elif api == "responses" and m.get("type") in _RESULT_ITEMS:
+            out.append(_plain(m.get("output")))
+    return out
+
+
+def first_user_text(items: list[Any]) -> str:
+    """The text of a conversation's first user message ("" when none)."""
+    for m in items:
+        if isinstance(m, dict) and m.get("role") == "user":
+            return _plain(m.get("content"))
+    return ""
+
+
+def final_text(api: Units, reply: Any) -> str | None:
+    """A reply's text when it is a final answer (no tool calls), else None."""
+    if api == "responses":
+        if not isinstance(reply, list) or any(
+            isinstance(i, dict) and i.get("type") in _CALL_ITEMS for i in reply
+        ):
+            return None
+        msgs = [i for i in reply if isinstance(i, dict) and i.get("role") == "assistant"]
+        return "".join(_run_together(m.get("content")) for m in msgs)
+    if not isinstance(reply, dict) or reply.get("tool_calls") or reply.get("function_call"):
+        return None
+    content = reply.get("content")
+    if isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_use" for b in content
+    ):
+        return None
+    return _run_together(content)
+
+
+def _run_together(content: Any) -> str:
+    """A reply's text: a string, or its text parts run together (as streamed)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)
+        )
+    return ""
+
+
+def call_prompts(api: Units, reply: Any) -> list[str]:
+    """The ``prompt``/``input``/``task`` string arguments of a reply's tool
+    calls: what a launched sub-agent is first told."""
+    args: list[Any] = []
+    if api == "responses" and isinstance(reply, list):
+        args = [
+            i.get("arguments")
+            for i in reply
+            if isinstance(i, dict) and i.get("type") in _CALL_ITEMS
+        ]
+    elif isinstance(reply, dict):
+        for c in reply.get("tool_calls") or []:
+            if isinstance(c, dict) and isinstance(c.get("function"), dict):
+                args.append(c["function"].get("arguments"))
+        content = reply.get("content")
+        if isinstance(content, list):
+            args += [
+                b.get("input")
+                for b in content
+                if isinstance(b, dict) and b.get("type") == "tool_use"
+            ]
+    out: list[str] = []
+    for a in args:
+        parsed = _norm_arguments(a)
+        if isinstance(parsed, dict):
+            out += [v for k in _PROMPT_KEYS if isinstance(v := parsed.get(k), str)]
+    return out
+
+
 @dataclass(slots=True)
 class _Pending:
     """What an in-flight request needs at completion to register its keys."""
@@ -284,6 +482,10 @@ class SessionTracker:
         """session id -> its latest request id."""
         self._turns: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
+        self._answers = TextIndex(memory)
+        """final answers (fan-in) -> request id."""
+        self._prompts = TextIndex(memory)
+        """tool-call prompt arguments (fan-out) -> request id."""
 
     # -- arrival -----------------------------------------------------------------
 
@@ -300,6 +502,17 @@ class SessionTracker:
         Anthropic bodies, ``responses`` for Responses ``input`` items);
         ``parent`` is a request the client named as its predecessor (a
         ``previous_response_id``): it wins over any match."""
+        a = self._assign(request_id, body, header_session, api, parent)
+        return self._with_joins(a, body, api)
+
+    def _assign(
+        self,
+        request_id: str,
+        body: Mapping[str, Any] | None,
+        header_session: str | None,
+        api: Units,
+        parent: str | None,
+    ) -> Assignment:
         matched = self._match(request_id, body, api)
         if header_session:
             return self._place(request_id, header_session, "header", parent or matched)
@@ -315,6 +528,34 @@ class SessionTracker:
                 return self._place(request_id, info[0], "next", parent)
             return self._place(request_id, f"s-{request_id}", "fork", parent)
         return self._place(request_id, f"s-{request_id}", "new", None)
+
+    def _with_joins(self, a: Assignment, body: Mapping[str, Any] | None, api: Units) -> Assignment:
+        """``a`` with the joins its body shows (see the module docstring)."""
+        if not isinstance(body, Mapping):
+            return a
+        items = input_items(body.get("input")) if api == "responses" else body.get("messages")
+        if not isinstance(items, list):
+            return a
+        joins: list[tuple[str, str]] = []
+
+        def other(hit: str) -> bool:
+            """Another session's exchange, and not the base a fork continues."""
+            info = self._info.get(hit)
+            return info is not None and info[0] != a.session_id and hit != a.parent
+
+        for text in new_results(api, items):
+            for hit in self._answers.find(text):
+                # the answer must still end its session: a sub-agent's last word
+                if other(hit) and self._last.get(self._info[hit][0]) == hit:
+                    joins.append((hit, "result"))
+        if a.turn == 0 and a.source in ("new", "header"):
+            joins += [(h, "prompt") for h in self._prompts.find(first_user_text(items)) if other(h)]
+        seen: dict[str, str] = {}
+        for hit, why in joins:
+            seen.setdefault(hit, why)
+        if not seen:
+            return a
+        return replace(a, joins=tuple(seen.items()))
 
     def _place(self, rid: str, sid: str, source: Source, parent: str | None) -> Assignment:
         turn = self._turns.get(sid, 0)
@@ -387,6 +628,12 @@ class SessionTracker:
         p = self._pending.pop(request_id, None)
         if p is None:
             return
+        if p.kind != "text" and ok and reply is not None:
+            answer = final_text(p.kind, reply)
+            if answer is not None:
+                self._answers.add(answer, request_id)
+            for prompt in call_prompts(p.kind, reply):
+                self._prompts.add(prompt, request_id)
         if p.kind != "text":
             if reply is not None:
                 h = p.state.copy()

@@ -10,6 +10,8 @@ requests still leave in trace order (:data:`AHEAD` at most wait their
 turn). ``admitted`` order instead waits for each request's response
 headers (the engine has taken it) before the next one goes. ``session``
 order runs one task per session, each sending its own turns in order.
+In every order a request also waits for the end of the requests it joins
+on (the trace's ``after``: a parent's turn after its sub-agents).
 
 A stopped target gets nothing more. The connections the first second needs
 are opened before T0 (:func:`preopen`).
@@ -99,8 +101,7 @@ class Dispatcher:
         for i in range(len(plan)):
             if run.stopped.is_set():
                 return
-            p = plan.prev[i]
-            if p is not None and not await run.turns.wait(p, run.stopped):
+            if not await schedule.joined(i, run.turns, run.stopped):
                 return
             # in strict order a request is also due no earlier than its
             # predecessor was due: lag then measures the replayer (and grows
@@ -150,6 +151,10 @@ class Dispatcher:
         schedule = self.schedule
         for i in idx:
             if run.stopped.is_set():
+                return
+            # its previous turn ended (awaited below); its joins are other
+            # sessions' requests, awaited here
+            if not await schedule.joined(i, run.turns, run.stopped):
                 return
             at = schedule.due(i, run.turns)
             if self._skip(run, i, at):

@@ -6,6 +6,13 @@ id, a 0-based position, or an inclusive range of positions ``A..B`` (``A..``
 to the end, ``..B`` from the start): sessions in order of first appearance,
 requests in trace order. An item that is an id is an id, even if numeric. Dropping a
 request makes the previous *selected* turn of its session its predecessor.
+
+Joins (the trace's ``after`` column) become :attr:`Plan.after`: a request
+waits for the end of each request it names, besides its previous turn. A
+join on a request the selection leaves out is dropped, never waited for (a
+bisect candidate without a sub-agent replays its parent's turns at once);
+so is one on a request that starts later in trace order (strict order sends
+in trace order: waiting for it could never end).
 """
 
 from __future__ import annotations
@@ -89,13 +96,22 @@ class Plan:
     """Think gap after the previous turn's recorded end, seconds / speed."""
     sessions: list[str]
     last_of_session: list[bool]
+    after: list[tuple[int, ...]] | None = None
+    """Per index, the earlier indexes whose end it also waits for (joins);
+    None when the selection has none."""
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def waits(self, i: int) -> tuple[int, ...]:
+        """Every index request i waits for: its previous turn, then its joins."""
+        p = self.prev[i]
+        joins = self.after[i] if self.after is not None else ()
+        return joins if p is None else (p, *joins)
+
     def eligible(self, i: int, timing: Timing, prev_done: float | None) -> float:
-        """When request i may go (seconds after T0), given when its previous
-        turn completed (None when it has none)."""
+        """When request i may go (seconds after T0), given when the last of
+        what it waits for (:meth:`waits`) ended (None when it waits for nothing)."""
         if timing is Timing.RECORDED:
             t = self.start[i]
             return t if prev_done is None else max(t, prev_done + self.gap[i])
@@ -104,11 +120,27 @@ class Plan:
         return 0.0 if prev_done is None else prev_done
 
 
+def joins(trace: Trace, rows: Sequence[int]) -> list[tuple[int, ...]] | None:
+    """Per index of ``rows`` (trace order), the earlier indexes it joins on
+    (see the module doc for what is dropped); None when there are none."""
+    after = trace.column("after")
+    if all(after[r] is None for r in rows):
+        return None
+    rid = trace.column("request_id")
+    pos = {rid[r]: i for i, r in enumerate(rows)}
+    out: list[tuple[int, ...]] = []
+    for i, r in enumerate(rows):
+        names = after[r] or ()
+        out.append(tuple(sorted({pos[a] for a in names if pos.get(a, i) < i})))
+    return out if any(out) else None
+
+
 def build_plan(trace: Trace, rows: list[int], policy: ReplayPolicy) -> Plan:
     c = trace.column
     sess, starts, ends = c("session_id"), c("start_us"), c("end_us")
     t0 = starts[rows[0]] if rows else 0
     speed = policy.speed
+    after = joins(trace, rows)
     last: dict[str, int] = {}
     prev: list[int | None] = []
     start: list[float] = []
@@ -118,11 +150,11 @@ def build_plan(trace: Trace, rows: list[int], policy: ReplayPolicy) -> Plan:
         p = last.get(s)
         prev.append(p)
         start.append((starts[r] - t0) / 1e6 / speed)
-        if p is None:
-            gap.append(0.0)
-        else:
-            e = ends[rows[p]]
-            gap.append(max(0, starts[r] - e) / 1e6 / speed if e is not None else 0.0)
+        # the think gap runs from the last recorded end of what it waits for
+        waited: tuple[int, ...] = (p,) if p is not None else ()
+        waited += after[i] if after is not None else ()
+        known = [e for e in (ends[rows[w]] for w in waited) if e is not None]
+        gap.append(max(0, starts[r] - max(known)) / 1e6 / speed if known else 0.0)
         last[s] = i
     last_idx = set(last.values())
     return Plan(
@@ -132,4 +164,5 @@ def build_plan(trace: Trace, rows: list[int], policy: ReplayPolicy) -> Plan:
         gap=gap,
         sessions=[sess[r] for r in rows],
         last_of_session=[i in last_idx for i in range(len(rows))],
+        after=after,
     )

@@ -1,7 +1,8 @@
 """When a request may go: its due time, on one clock, after one T0.
 
 The plan says when each request is due relative to T0 and to the completion
-of its session's previous turn (:meth:`~replayer.replay.plan.Plan.eligible`);
+of its session's previous turn and of the requests it joins on
+(:meth:`~replayer.replay.plan.Plan.eligible`);
 this module turns that into waits, the same for every dispatcher, so strict,
 admitted and session order differ only in *which* request they wait for.
 Every target's schedule starts from the same T0, taken after every set-up
@@ -91,10 +92,22 @@ class Schedule:
         return self.clock.now() - self.t0
 
     def due(self, i: int, turns: Turns) -> float:
-        """When request ``i`` is eligible (seconds after T0), given its
-        session's completed turns."""
-        p = self.plan.prev[i]
-        return self.plan.eligible(i, self.timing, turns.done_at[p] if p is not None else None)
+        """When request ``i`` is eligible (seconds after T0), given the
+        completed requests it waits for (its previous turn and its joins:
+        :meth:`~replayer.replay.plan.Plan.waits`, all ended by now)."""
+        done = [turns.done_at[w] for w in self.plan.waits(i)]
+        ended = max((d for d in done if d is not None), default=None)
+        return self.plan.eligible(i, self.timing, ended)
+
+    async def joined(self, i: int, turns: Turns, stopped: asyncio.Event) -> bool:
+        """Until every request ``i`` waits for has ended (completed, failed
+        or skipped: a failed sub-agent still releases its parent); False if
+        ``stopped`` came first. Bounded by those requests' own ends, each
+        bounded by the request timeout and the hang watchdog."""
+        for w in self.plan.waits(i):
+            if not await turns.wait(w, stopped):
+                return False
+        return True
 
     async def until(self, at: float, stop: asyncio.Event, *, precise: bool = True) -> bool:
         """Wait until ``at`` seconds after T0; False if ``stop`` is set first.
@@ -119,9 +132,11 @@ class Schedule:
         by_session: dict[str, list[int]] = {}
         for i, s in enumerate(self.plan.sessions):
             by_session.setdefault(s, []).append(i)
-        prev, timing = self.plan.prev, self.timing
+        plan, timing = self.plan, self.timing
+        # a session whose first request joins on another's starts at once
+        # and waits there (its due time is known only when those end)
         starts = sorted(
-            (self.plan.eligible(idx[0], timing, None) if prev[idx[0]] is None else 0.0, idx[0], s)
+            (plan.eligible(idx[0], timing, None) if not plan.waits(idx[0]) else 0.0, idx[0], s)
             for s, idx in by_session.items()
         )
         return [(at, s, by_session[s]) for at, _, s in starts]

@@ -20,6 +20,10 @@ History:
   ``responses`` (OpenAI Responses). No v2 row has them, so the step only
   relabels the schema; a v2 reader meeting a v3 trace says to upgrade
   instead of misreading a kind it does not know.
+- v3 -> v4: the ``after`` column (joins between requests, see
+  :data:`replayer.trace.schema.FIELDS`), placed after ``end_us``. A v3 trace
+  has no joins: the step adds the column, all null, to the schema and to
+  each index batch (content batches do not hold it).
 """
 
 from __future__ import annotations
@@ -57,9 +61,26 @@ def _same(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
+_AFTER = pa.field("after", pa.list_(pa.string()), nullable=True)
+
+
+def _add_after(schema: pa.Schema) -> pa.Schema:
+    schema = _relabel(4)(schema)
+    return schema.insert(schema.get_field_index("end_us") + 1, _AFTER)
+
+
+def _after_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """An index batch (it holds ``end_us``) gains an all-null ``after``."""
+    k = batch.schema.get_field_index("end_us")
+    if k < 0 or "after" in batch.schema.names:
+        return batch
+    return batch.add_column(k + 1, _AFTER, pa.nulls(batch.num_rows, _AFTER.type))
+
+
 MIGRATIONS: dict[int, Migration] = {
     1: Migration(1, "batches gain column digests (none to check in v1)", _relabel(2), _same),
     2: Migration(2, "payload kinds messages and responses (none in v2)", _relabel(3), _same),
+    3: Migration(3, "joins between requests (none in v3)", _add_after, _after_batch),
 }
 
 FIRST_VERSION = 1

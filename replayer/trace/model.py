@@ -80,6 +80,9 @@ class RequestRecord:
     """Required for blocks; for chat/text, the recorded prompt tokens if known."""
     base_hint: str | None = None
     """request_id of an earlier row to delta against (forks, sub-agents)."""
+    after: list[str] | None = None
+    """Joins: request_ids whose end this request waits for on replay (a
+    parent's turn after the sub-agents whose results it carries)."""
     body_sha256: str | None = None
     status: int | None = None
     ttft_us: int | None = None

@@ -687,6 +687,7 @@ class Trace:
             end_us=c("end_us")[row],
             kind=kind,
             params=orjson.loads(self.params_text(row)),
+            after=c("after")[row],
             content=content,
             path=c("path")[row],
             block_size=c("block_size")[row],
@@ -969,9 +970,13 @@ def _check_format(p: Path, schema: pa.Schema) -> int:
 
 
 def _check_columns(p: Path, schema: pa.Schema) -> None:
+    names = schema.names
     for f in SCHEMA:
-        if f.name not in schema.names:
+        if f.name not in names:
             raise TraceError(f"{p}: wrong schema: column {f.name!r} is missing")
+        if names.count(f.name) > 1:
+            # e.g. a v4 trace whose version says 3: the migration adds a second one
+            raise TraceError(f"{p}: wrong schema: column {f.name!r} appears twice")
         got = schema.field(f.name).type
         if got != f.type:
             raise TraceError(f"{p}: wrong schema: column {f.name!r} is {got}, expected {f.type}")

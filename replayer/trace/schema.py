@@ -1,4 +1,4 @@
-"""Trace format v3: the contract every stage reads and writes.
+"""Trace format v4: the contract every stage reads and writes.
 
 A trace is an Apache Arrow IPC stream or file (zstd-compressed buffers), one
 row per request. Row order is storage order; *trace order* is ``start_us``
@@ -23,8 +23,9 @@ of ``blocks`` rows).
 
 Each record batch's custom metadata carries ``replayer.schema_digest`` and
 ``replayer.column_digests`` (v2; see :mod:`replayer.trace.digests`). v1 is
-v2 without them; v2 is v3 without the ``messages`` and ``responses`` kinds;
-:mod:`replayer.trace.compat` migrates both on open.
+v2 without them; v2 is v3 without the ``messages`` and ``responses`` kinds; v3 is v4 without
+the ``after`` column (joins: the requests whose end a request waits for);
+:mod:`replayer.trace.compat` migrates each on open.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from enum import StrEnum
 
 import pyarrow as pa
 
-TRACE_SCHEMA_VERSION = 3
+TRACE_SCHEMA_VERSION = 4
 FORMAT_NAME = "replayer-trace"
 
 META_FORMAT = b"replayer.format"
@@ -96,6 +97,13 @@ FIELDS: list[tuple[str, pa.DataType, bool, str]] = [
     ("turn", pa.int32(), False, "0-based index of the request within its session"),
     ("start_us", pa.int64(), False, "recorded start, microseconds from trace start"),
     ("end_us", pa.int64(), True, "recorded end (last byte), microseconds from trace start"),
+    (
+        "after",
+        pa.list_(pa.string()),
+        True,
+        "joins: request_ids whose end this request waits for on replay, in every order and "
+        "timing (a parent's turn after the sub-agents whose results it carries); null = none",
+    ),
     ("path", _DICT, False, "endpoint path, e.g. /v1/chat/completions"),
     ("model", _DICT, True, "the body's model"),
     ("kind", _DICT, False, "payload kind: chat | text | blocks | messages | responses | raw"),

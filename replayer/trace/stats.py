@@ -75,9 +75,43 @@ def inspect_trace(trace: Trace, rows: Sequence[int] | None = None) -> dict[str, 
         "expansion_ratio": (expanded / disk) if disk else None,
         "keyframes": sum(1 for b in col("base") if b is None),
     }
+    out["joins"] = fan_out(trace, sel)
     if rows is not None:
         out["selection_of"] = len(trace)
     return out
+
+
+def fan_out(trace: Trace, rows: Sequence[int]) -> dict[str, Any]:
+    """The joins among ``rows`` (a join on a row outside them is dropped, as
+    a replay of them drops it). A *sub-session* is one whose first request
+    joins on another session's request (a sub-agent launched by it); its
+    *parent* is that request's session."""
+    after, rid = trace.column("after"), trace.column("request_id")
+    sess, turn = trace.column("session_id"), trace.column("turn")
+    session_of = {rid[r]: sess[r] for r in rows}
+    joins = waiting = 0
+    first_turn: dict[str, int] = {}
+    for r in rows:
+        if sess[r] not in first_turn or turn[r] < turn[first_turn[sess[r]]]:
+            first_turn[sess[r]] = r
+    children: Counter[str] = Counter()
+    for r in rows:
+        names = [a for a in after[r] or () if a in session_of]
+        if not names:
+            continue
+        joins += len(names)
+        waiting += 1
+        if first_turn[sess[r]] == r:
+            parent = next((session_of[a] for a in names if session_of[a] != sess[r]), None)
+            if parent is not None:
+                children[parent] += 1
+    return {
+        "joins": joins,
+        "requests_waiting": waiting,
+        "sub_sessions": sum(children.values()),
+        "sessions_with_sub_sessions": len(children),
+        "sub_sessions_per_parent": summarize(list(children.values())),
+    }
 
 
 def prefix_cache_figures(
@@ -177,6 +211,18 @@ def render_text(info: dict[str, Any]) -> str:
         f"expanded     {_fmt_bytes(info['bytes_expanded'])}"
         + (f"  ({info['expansion_ratio']:,.1f}x)" if info["expansion_ratio"] else ""),
     ]
+    j = info.get("joins")
+    if j and j["joins"]:
+        per = j["sub_sessions_per_parent"]
+        lines.append(
+            f"joins        {j['joins']:,} (requests waiting for others' ends: "
+            f"{j['requests_waiting']:,})"
+        )
+        if j["sub_sessions"]:
+            lines.append(
+                f"sub-agents   {j['sub_sessions']:,} in {j['sessions_with_sub_sessions']:,}"
+                f" sessions; per parent {dist(per)}"
+            )
     pc = info.get("prefix_cache")
     if pc:
         ratio = "-" if pc["hit_ratio"] is None else f"{pc['hit_ratio']:.1%}"

@@ -4,6 +4,8 @@ Rows keep their request ids, sessions, turns, timing, bodies and recorded
 outcomes; the delta encoding is redone against what remains (a kept turn
 whose base was dropped deltas on the previous kept turn, or stands alone),
 so the subset is as compact as any trace and reconstructs the same bodies.
+A join (``after``) on a request the subset drops is dropped with it: a
+candidate without a sub-agent replays its parent's turns without waiting.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def write_subset(
     ``edit`` rewrites each record on the way (the bisect's shrink stage)."""
     keep = set(rows)
     plan = [r for r in trace.order if r in keep]
+    ids = trace.column("request_id")
+    kept_ids = {ids[r] for r in plan}
     meta = TraceMeta(
         source="subset",
         details={
@@ -41,5 +45,7 @@ def write_subset(
     with TraceWriter(out, meta, form="file") as w:
         for row, content in trace.iter_content(plan):
             rec = trace.record(row, content)
+            if rec.after:
+                rec.after = [a for a in rec.after if a in kept_ids] or None
             w.add(edit(rec) if edit is not None else rec)
         return w.rows

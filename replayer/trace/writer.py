@@ -139,6 +139,7 @@ class TraceWriter:
         row = self.rows_written + len(self._cols["request_id"])
         try:
             kind = Kind(rec.kind)
+            after = _after(rec)
             params, content = self._normalize(rec, kind)
             params_text = orjson.dumps(params).decode()
 
@@ -221,6 +222,7 @@ class TraceWriter:
         c["turn"].append(rec.turn)
         c["start_us"].append(rec.start_us)
         c["end_us"].append(rec.end_us)
+        c["after"].append(after)
         c["path"].append(rec.path or DEFAULT_PATHS[kind])
         c["model"].append(params.get("model") if isinstance(params.get("model"), str) else None)
         c["kind"].append(kind.value)
@@ -426,6 +428,15 @@ class TraceWriter:
             )
         ):
             self.flush()
+
+
+def _after(rec: RequestRecord) -> list[str] | None:
+    """A record's joins, each once, in its order (null when none)."""
+    if not rec.after:
+        return None
+    if rec.request_id in rec.after:
+        raise TraceError(f"{rec.request_id}: a request cannot wait for itself (after)")
+    return list(dict.fromkeys(str(a) for a in rec.after))
 
 
 def _weight(kind: Kind, content: Any, params_text: str) -> int:

@@ -136,6 +136,10 @@ def write_old(
     batches = (
         [reader.get_batch(i) for i in range(reader.num_record_batches)] if is_file else list(reader)
     )
+    if version < 4:  # joins (``after``) came with v4
+        k = schema.get_field_index("after")
+        schema = schema.remove(k)
+        batches = [b.remove_column(k) for b in batches]
     new = ipc.new_file if is_file else ipc.new_stream
     with pa.OSFile(str(out), "wb") as sink, new(sink, schema, options=opts) as w:
         for b in batches:

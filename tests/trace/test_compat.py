@@ -23,6 +23,7 @@ from tests.helpers.traces import (
     make_fixture,
     make_v1_fixture,
     write_current,
+    write_old,
     write_v1,
 )
 
@@ -58,7 +59,8 @@ def test_v1_fixture_is_the_old_shape(tmp_path):
     assert schema.metadata[META_VERSION] == b"1"
     assert all(meta is None for _, meta in batches)
     current = Trace.open(write_current(tmp_path / "v2.arrow"))
-    assert schema.names == current.file_schema.names  # v1 -> v2 changed no column
+    # v1 -> v2 -> v3 changed no column; v4 added ``after``
+    assert schema.names == [n for n in current.file_schema.names if n != "after"]
 
 
 @pytest.mark.inprocess
@@ -226,3 +228,17 @@ def test_the_reader_migrates_index_and_content_batch_by_batch(monkeypatch):
     assert set(t.column("model")) == {"migrated-model"}
     assert {t.outcome(r)["output_text"] for r in range(len(t))} == {"migrated"}
     assert len(calls) == 10  # and each content batch, once, when first read
+
+
+@pytest.mark.inprocess
+def test_a_v3_trace_opens_with_no_joins(tmp_path):
+    old = Trace.open(write_old(write_current(tmp_path / "v4.arrow"), tmp_path / "v3.arrow", 3))
+    new = Trace.open(tmp_path / "v4.arrow")
+    assert "after" not in old.file_schema.names
+    assert old.schema.names == new.schema.names  # the column is where v4 has it
+    assert (old.schema_version, old.has_digests) == (3, True)
+    assert old.column("after") == [None] * len(old)
+    assert all(old.record(r).after is None for r in range(len(old)))
+    assert [old.body_json(r) for r in old.order] == [new.body_json(r) for r in new.order]
+    report = old.verify()
+    assert (report.bodies, report.digests) == (14, True)

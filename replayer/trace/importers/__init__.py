@@ -58,6 +58,10 @@ IMPORTERS: dict[str, tuple[str, str]] = {
         "replayer.trace.importers.aiperf_payloads",
         "AIPerf verbatim payloads: a run's inputs.json, or raw_payload JSONL files / directories",
     ),
+    "aiperf-dag": (
+        "replayer.trace.importers.aiperf_dag",
+        "AIPerf dag_jsonl conversation DAGs (spawns and forks become joins; message arrays only)",
+    ),
 }
 """The help is declared here, not in the module, so ``replayer import --help``
 lists every format without loading any of them (or Arrow)."""

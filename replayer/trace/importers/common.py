@@ -90,7 +90,11 @@ class SyntheticTiming:
         return self.api_base + self.api_per_token * output_tokens
 
 
-def add_timing_arguments(parser: Any, defaults: SyntheticTiming | None = None) -> None:
+def add_timing_arguments(
+    parser: Any, defaults: SyntheticTiming | None = None, *, think: bool = True
+) -> None:
+    """``--session-gap``, ``--think`` (unless the source has its own delays)
+    and the service time of a request."""
     d = defaults or SyntheticTiming()
     g = parser.add_argument_group("synthetic timing (the source records none)")
     g.add_argument(
@@ -100,13 +104,14 @@ def add_timing_arguments(parser: Any, defaults: SyntheticTiming | None = None) -
         metavar="S",
         help=f"seconds between session starts (default {d.session_gap})",
     )
-    g.add_argument(
-        "--think",
-        type=float,
-        default=d.think,
-        metavar="S",
-        help=f"seconds between a reply and the next turn (default {d.think})",
-    )
+    if think:
+        g.add_argument(
+            "--think",
+            type=float,
+            default=d.think,
+            metavar="S",
+            help=f"seconds between a reply and the next turn (default {d.think})",
+        )
     g.add_argument(
         "--api-base",
         type=float,

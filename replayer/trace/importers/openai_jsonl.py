@@ -8,10 +8,12 @@
 * ``path`` (or a Batch ``url``), e.g. ``/v1/completions``;
 * ``response``: an OpenAI chat or text completion object, an
   ``{"error": ...}`` object, or a Batch-output style ``{"status_code",
-  "body"}``; ``status``, ``error``, ``ttft_us`` and ``meta`` directly.
+  "body"}``; ``status``, ``error``, ``ttft_us`` and ``meta`` directly;
+* ``after``: the request ids whose end this request waits for (joins: a
+  parent's turn after its sub-agents, a sub-agent after its launch).
 
 This is the shape ``replayer export --format jsonl`` writes, and it reads back
-losslessly (ids, sessions, turns, start/end, path, bodies). A wrapper's body
+losslessly (ids, sessions, turns, start/end, path, joins, bodies). A wrapper's body
 may be any JSON object (embeddings, rerank …); a bare line must hold
 ``messages``, ``prompt`` or ``input`` to be told from other JSONL.
 
@@ -86,6 +88,7 @@ WRAPPER_KEYS = frozenset(
         "error",
         "ttft_us",
         "meta",
+        "after",
     }
 )
 _BARE_KEYS = ("messages", "prompt", "input")
@@ -236,6 +239,13 @@ def records(sources: list[Path], opts: argparse.Namespace) -> Iterator[RequestRe
             end = _time(w, "end_us", "end_timestamp", origin, where)
 
             path = w.get("path", w.get("url"))
+            after = w.get("after")
+            if after is not None and not (
+                isinstance(after, list) and all(isinstance(a, str) for a in after)
+            ):
+                raise ImportFormatError(f"{where}: not {WHAT} (after is not a list of request ids)")
+            if after is not None and rid in after:
+                raise ImportFormatError(f"{where}: not {WHAT} (request {rid!r} joins on itself)")
             kw: dict[str, Any] = outcome(w["response"], where) if "response" in w else {}
             if _int(w.get("status")) and 0 <= w["status"] < 1000:
                 kw["status"] = w["status"]
@@ -261,6 +271,7 @@ def records(sources: list[Path], opts: argparse.Namespace) -> Iterator[RequestRe
                 end_us=end,
                 path=str(path) if path is not None else None,
                 meta=meta or None,
+                after=after or None,
                 **kw,
             )
             if rec.kind is Kind.CHAT and message_problem(rec.content) is not None:

@@ -15,8 +15,10 @@ from replayer.trace import Trace
 from replayer.trace.stats import inspect_trace
 from tests.helpers.importers import block
 
-# The whole 710-session corpus is imported (about 15 s): the slow tier.
-pytestmark = [pytest.mark.slow, pytest.mark.inprocess]
+# The whole 710-session corpus is imported (about 15 s): those tests are the
+# slow tier; the join rule on small documents is not.
+pytestmark = [pytest.mark.inprocess]
+slow = pytest.mark.slow
 
 
 def import_trace(fmt, sources, out, *options):
@@ -39,7 +41,10 @@ def expected_requests(corpus):
             turn = 0
             for r in reqs:
                 if r["type"] == "subagent":
-                    walk(f"{sid}/{r['agent_id']}", r["requests"], t0 + r["t"], out)
+                    # a sub-agent with a duration ended at its t (docs/importers.md)
+                    d = r.get("duration_ms")
+                    at = r["t"] - d / 1000 if d is not None else r["t"]
+                    walk(f"{sid}/{r['agent_id']}", r["requests"], t0 + at, out)
                     continue
                 start = t0 + r["t"]
                 end = start + r["api_time"] if "api_time" in r else None
@@ -72,6 +77,7 @@ def corpus(shared_data, tmp_path_factory):
     return t, exp, src
 
 
+@slow
 def test_every_request_of_the_corpus(corpus):
     t, exp, src = corpus
     assert len(t) == len(exp)
@@ -109,6 +115,7 @@ def test_every_request_of_the_corpus(corpus):
     assert zero == 27  # the corpus's requests with "out": 0
 
 
+@slow
 def test_bodies_token_for_token(corpus):
     from replayer.trace.tokens import TokenSpace
 
@@ -132,6 +139,7 @@ def test_bodies_token_for_token(corpus):
         assert len(t.body_json(r)) == t.column("body_bytes")[r]
 
 
+@slow
 def test_inspect_matches_the_data_readme(corpus):
     t, exp, _ = corpus
     info = inspect_trace(t)
@@ -143,6 +151,7 @@ def test_inspect_matches_the_data_readme(corpus):
     assert Counter(t.column("session_id"))["trace_0002"] == 33
 
 
+@slow
 def test_traces_do_not_share_blocks_by_accident(corpus):
     t, _, _ = corpus
     a, b = t.row_of("trace_0001:0"), t.row_of("trace_0002:0")
@@ -151,6 +160,7 @@ def test_traces_do_not_share_blocks_by_accident(corpus):
     assert t.body(a)["prompt"][:64] != t.body(b)["prompt"][:64]
 
 
+@slow
 def test_subagents_share_their_parents_namespace(corpus):
     t, _, _ = corpus
     r1, r2 = t.row_of("trace_0003/agent_001:0"), t.row_of("trace_0003/agent_002:0")
@@ -159,6 +169,7 @@ def test_subagents_share_their_parents_namespace(corpus):
     assert t.meta(r1)["parent_session"] == "trace_0003"
 
 
+@slow
 def test_session_gap_spreads_sessions(shared_data, tmp_path):
     files = sorted((shared_data / "kv_cache_tester_claude_code").iterdir())[:3]
     t = import_trace("kv-cache-tester", files, tmp_path / "t.arrow", "--session-gap", "100")
@@ -168,3 +179,77 @@ def test_session_gap_spreads_sessions(shared_data, tmp_path):
         if t.column("turn")[r] == 0 and "/" not in s
     }
     assert sorted(firsts.values()) == [0, 100_000_000, 200_000_000]
+
+
+def doc(tid, requests):
+    return {"id": tid, "block_size": 64, "requests": requests}
+
+
+def req(t, api=1.0, **kw):
+    return {"t": t, "type": "n", "in": 128, "out": 4, "hash_ids": [1, 2], "api_time": api, **kw}
+
+
+def joined_import(tmp_path, d):
+    src = tmp_path / "trace_9000.json"
+    src.write_bytes(orjson.dumps(d))
+    t = import_trace("kv-cache-tester", [src], tmp_path / "t.arrow")
+    rid = t.column("request_id")
+    return t, {rid[r]: (t.column("start_us")[r], t.column("after")[r]) for r in range(len(t))}
+
+
+def test_sub_agents_are_placed_at_their_start_and_joined_both_ways(tmp_path):
+    # p0 launches two sub-agents (results back at 40 and 52 s) and one in the
+    # background; p1 carries both results; p2 follows p1 alone
+    sub = [req(0, 2.0), req(5, 3.0)]
+    d = doc(
+        "trace_9000",
+        [
+            req(0, 3.0),
+            {"type": "subagent", "agent_id": "agent_001", "t": 40.0, "duration_ms": 36_500,
+             "status": "completed", "requests": sub},
+            {"type": "subagent", "agent_id": "agent_002", "t": 52.0, "duration_ms": 48_000,
+             "status": "completed", "requests": sub},
+            {"type": "subagent", "agent_id": "agent_003", "t": 3.3,
+             "status": "async_launched", "requests": sub},
+            req(60, 2.0, think_time=57.0),
+            req(70),
+        ],
+    )  # fmt: skip
+    t, got = joined_import(tmp_path, d)
+    assert got == {
+        "trace_9000:0": (0, None),
+        # started duration_ms before t: 40 - 36.5 = 3.5 s, after p0 ended at 3 s
+        "trace_9000/agent_001:0": (3_500_000, ["trace_9000:0"]),
+        "trace_9000/agent_001:1": (8_500_000, None),
+        "trace_9000/agent_002:0": (4_000_000, ["trace_9000:0"]),
+        "trace_9000/agent_002:1": (9_000_000, None),
+        # no duration: in the background from its t, joined only at its launch
+        "trace_9000/agent_003:0": (3_300_000, ["trace_9000:0"]),
+        "trace_9000/agent_003:1": (8_300_000, None),
+        "trace_9000:1": (60_000_000, ["trace_9000/agent_001:1", "trace_9000/agent_002:1"]),
+        "trace_9000:2": (70_000_000, None),
+    }
+    info = inspect_trace(t)["joins"]
+    assert (info["joins"], info["requests_waiting"], info["sub_sessions"]) == (5, 4, 3)
+    assert info["sessions_with_sub_sessions"] == 1
+    assert info["sub_sessions_per_parent"]["max"] == 3
+
+
+def test_a_sub_agent_first_or_last_in_its_session_joins_one_way(tmp_path):
+    sub = [req(0, 1.0)]
+    d = doc(
+        "trace_9001",
+        [
+            {"type": "subagent", "agent_id": "agent_001", "t": 5.0, "duration_ms": 2_000,
+             "requests": sub},
+            req(10),
+            {"type": "subagent", "agent_id": "agent_002", "t": 30.0, "duration_ms": 9_000,
+             "requests": sub},
+        ],
+    )  # fmt: skip
+    _, got = joined_import(tmp_path, d)
+    assert got == {
+        "trace_9001/agent_001:0": (3_000_000, None),  # nothing launched it in the document
+        "trace_9001:0": (10_000_000, ["trace_9001/agent_001:0"]),
+        "trace_9001/agent_002:0": (21_000_000, ["trace_9001:0"]),  # nothing waits for it
+    }

@@ -374,3 +374,59 @@ def test_malformed_lines_fail_cleanly(tmp_path):
         "openai-jsonl", mutants(lines, seed=4, n=40), tmp_path, ".jsonl"
     )
     assert ok > 0 and refused > 0 and ok + refused == 40
+
+
+# a parent P launches sub-agents A (two turns) and B; p1 carries both results
+JOINED = [
+    ("p0", "P", 0, None),
+    ("a0", "A", 0, ["p0"]),
+    ("b0", "B", 0, ["p0"]),
+    ("a1", "A", 1, None),
+    ("p1", "P", 1, ["a1", "b0"]),
+]
+
+
+@pytest.mark.inprocess
+def test_joins_round_trip_and_a_selection_drops_joins_on_what_it_leaves_out(tmp_path):
+    with TraceWriter(tmp_path / "a.arrow", TraceMeta(source="test")) as w:
+        for k, (rid, sid, turn, after) in enumerate(JOINED):
+            body = {"model": "m", "prompt": rid, "max_tokens": 3}
+            w.add(
+                RequestRecord.from_body(
+                    body, request_id=rid, session_id=sid, turn=turn, start_us=k, after=after
+                )
+            )
+    a = Trace.open(tmp_path / "a.arrow")
+    jsonl = export(a, tmp_path / "a.jsonl")
+    lines = [orjson.loads(x) for x in jsonl.read_bytes().splitlines()]
+    # only a request that joins carries the key: older readers see the old lines
+    assert [ln.get("after", "absent") for ln in lines] == [
+        "absent", ["p0"], ["p0"], "absent", ["a1", "b0"],
+    ]  # fmt: skip
+    b = import_trace("openai-jsonl", [jsonl], tmp_path / "b.arrow")
+    assert_same_requests(a, b)
+    assert b.column("after") == [r[3] for r in JOINED]
+    assert all(b.meta(r) is None for r in range(len(b)))  # a column, not a meta key
+    # sub-agent A left out: p1 keeps its join on b0 only, as a subset would
+    args = build_parser().parse_args(
+        ["export", str(a.path), "--sessions", "P,B", "-o", str(tmp_path / "s.jsonl")]
+    )
+    assert args.func(args) == 0
+    s = import_trace("openai-jsonl", [tmp_path / "s.jsonl"], tmp_path / "s.arrow")
+    after = dict(zip(s.column("request_id"), s.column("after"), strict=True))
+    assert after == {"p0": None, "b0": ["p0"], "p1": ["b0"]}
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize(
+    ("after", "says"),
+    [("p0", "after is not a list of request ids"), ([3], "after is not a list of request ids"),
+     (["x1"], "request 'x1' joins on itself")],
+)  # fmt: skip
+def test_a_bad_join_is_refused_with_its_line(tmp_path, after, says):
+    src = write_lines(
+        tmp_path / "bad.jsonl",
+        [{"request_id": "p0", "body": {"prompt": "a"}},
+         {"request_id": "x1", "body": {"prompt": "b"}, "after": after}],
+    )  # fmt: skip
+    assert_import_fails("openai-jsonl", src, tmp_path, "bad.jsonl:2", says)
