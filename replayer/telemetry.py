@@ -34,10 +34,11 @@ The metrics (labels in parentheses):
 
 * ``replayer_requests_dispatched_total`` (target): requests put on the wire;
 * ``replayer_requests_completed_total`` (target, status): sent requests that
-  finished, by final status (``ok``, ``http_error``, ``transport_error``,
-  ``timeout``);
+  finished, by final status (``ok``, ``aborted``, ``http_error``,
+  ``transport_error``, ``timeout``);
 * ``replayer_requests_failed_total`` (target, error_class): of those, the
-  ones not ``ok``;
+  ones neither ``ok`` nor ``aborted`` (a replayed client abort is the
+  trace's, by design: never a failure);
 * ``replayer_requests_not_sent_total`` (target, reason): ``skipped`` or
   ``not_sent_after_crash``;
 * ``replayer_requests_inflight`` (target);
@@ -100,6 +101,8 @@ LAG_BUCKETS = (
 
 HEALTH_STATES = ("unknown", "healthy", "unhealthy", "unreachable", "failed")
 _NOT_SENT = (Status.NOT_SENT_AFTER_CRASH, Status.SKIPPED)
+_NOT_FAILED = (Status.OK, Status.ABORTED)
+"""Settled statuses that are no failure: an abort is the recorded client's, by design."""
 
 
 @dataclass
@@ -269,7 +272,8 @@ class LiveMetrics:
         )
         self.failed = Counter(
             "replayer_requests_failed",
-            "Sent requests that did not finish ok, by target and error class.",
+            "Sent requests that failed (neither ok nor aborted by design), by target and "
+            "error class.",
             ["target", "error_class"],
             registry=r,
         )
@@ -325,7 +329,7 @@ class LiveMetrics:
             self.not_sent.labels(t, r.status.value).inc()
             return
         self.completed.labels(t, r.status.value).inc()
-        if r.status is not Status.OK:
+        if r.status not in _NOT_FAILED:
             self.failed.labels(t, r.error_class or r.status.value).inc()
         if r.lag_us is not None:
             self.lag.labels(t).observe(max(0, r.lag_us) / 1e6)

@@ -24,7 +24,7 @@ from replayer.record.proxy import RecordConfig, RecordingProxy
 from replayer.replay.client import Endpoint
 from replayer.replay.plan import select
 from replayer.replay.policy import ReplayPolicy, Timing
-from replayer.replay.results import read_results
+from replayer.replay.results import Result, Status, read_results
 from replayer.replay.run import replay_to_dir
 from replayer.session import Session
 from replayer.telemetry import TTFT_BUCKETS, LiveMetrics
@@ -247,3 +247,29 @@ def test_replay_bisect_and_record_take_the_flag():
         args = p.parse_args([*argv, "--metrics-port", "9400", "--metrics-host", "0.0.0.0"])
         assert (args.metrics_port, args.metrics_host) == (9400, "0.0.0.0")
         assert p.parse_args(argv).metrics_port is None
+
+
+@pytest.mark.inprocess
+def test_an_aborted_by_design_request_is_its_own_outcome_never_a_failure():
+    """A replayed client abort is the trace's: counted as ``aborted``, not
+    failed, and kept out of the latency histograms (its end is the abort)."""
+    from prometheus_client import generate_latest
+
+    live = LiveMetrics()
+    for i, (status, error_class) in enumerate(
+        [(Status.OK, None), (Status.ABORTED, None), (Status.HTTP_ERROR, "http_500")]
+    ):
+        live.observe(
+            Result(
+                "t", i, f"r{i}", "s", i, status=status, seq=i, error_class=error_class,
+                dispatched_us=0, first_token_us=1_000, done_us=2_000,
+            )
+        )  # fmt: skip
+    m = parse(generate_latest(live.registry).decode())
+    completed = pick(m, "replayer_requests_completed_total", target="t")
+    assert {dict(k)["status"]: v for k, v in completed.items()} == {
+        "ok": 1, "aborted": 1, "http_error": 1,
+    }  # fmt: skip
+    failed = pick(m, "replayer_requests_failed_total", target="t")
+    assert {dict(k)["error_class"]: v for k, v in failed.items()} == {"http_500": 1}
+    assert pick(m, "replayer_e2e_seconds_count", target="t") == {(): 1}

@@ -108,6 +108,8 @@ class Engine:
         self.slow_add = 0.0
         self.arrivals = 0
         self.preemptions = 0
+        self.aborts = 0
+        """Requests the client abandoned (the ``abort`` fault variable)."""
         self.queries = 0
         self.hits = 0
         self.prompt_tokens_done = 0
@@ -230,10 +232,23 @@ class Engine:
         return self.pool.lookup(req.hashes[:cap]) if cap > 0 else []
 
     def abort(self, req: Request) -> None:
-        """The client went away: drop the request and its blocks."""
+        """The client went away: drop the request and its blocks (logged, with
+        the output it had taken: where the client left), then evaluate the
+        rules that fire on aborts with the request's values as they were."""
         if req.phase == FINISHED:
             return
+        self.aborts += 1
+        values = {**self._values(req), "abort": self.aborts}
         self._finish(req, "abort")
+        self.reqlog.write(
+            "abort",
+            n=req.n,
+            engine_id=req.engine_id,
+            output_tokens=req.num_output,
+            delivered=req.delivered,
+            aborts=self.aborts,
+        )
+        self._evaluate("abort", req, values)
 
     def fail(self, req: Request) -> None:
         """Per-request internal error; the engine stays alive."""
@@ -281,6 +296,21 @@ class Engine:
         return self.pool.reset()
 
     # -- faults ---------------------------------------------------------------------
+
+    def _values(self, req: Request) -> dict[str, float]:
+        """The rule variables of a request as the engine holds it now (an
+        abort and a preemption see the same ones)."""
+        return {
+            "request": req.n,
+            "prompt_tokens": req.prompt_len,
+            "cached_tokens": req.num_cached,
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "kv_usage": round(self.pool.usage, 6),
+            "session": req.session_index,
+            "turn": req.turn,
+            "preemption": self.preemptions,
+        }
 
     def _evaluate(
         self, event: str, req: Request, values: dict[str, float], seq: object = None
@@ -496,18 +526,7 @@ class Engine:
         self.reqlog.write(
             "preemption", n=req.n, engine_id=req.engine_id, preemptions=self.preemptions
         )
-        values: dict[str, float] = {
-            "request": req.n,
-            "prompt_tokens": req.prompt_len,
-            "cached_tokens": req.num_cached,
-            "running": len(self.running),
-            "waiting": len(self.waiting),
-            "kv_usage": round(self.pool.usage, 6),
-            "session": req.session_index,
-            "turn": req.turn,
-            "preemption": self.preemptions,
-        }
-        self._evaluate("preemption", req, values)
+        self._evaluate("preemption", req, self._values(req))
 
     def _complete(self, batch: list[tuple[Request, int]]) -> None:
         now = time.monotonic()

@@ -32,13 +32,22 @@ reached the engine, or when it was rejected before that:
 at each preemption for ``preemption`` rules) while the engine is alive:
 
     seq, n         the request evaluated (for preemptions: the preempted one)
-    on             "request" or "preemption"
+    on             "request", "preemption" or "abort"
     rule, effect, when    rule name, effect, its conditions as text
     values         the values of the variables the conditions name
     holds          whether all conditions held
     p, draw        the probability and the random draw (null unless holds and p < 1)
     fired          whether the rule fired
     delay          seconds until the effect
+
+``event: "abort"``: a client went away before its answer ended (the
+engine drops the request):
+
+    n, engine_id   the request
+    output_tokens  tokens it had generated
+    delivered      of those, tokens the HTTP handler had taken and written
+                   (a chat stream's events are its role event plus one per write)
+    aborts         cumulative aborts (the ``abort`` fault variable)
 
 ``event: "effect"``: when a fired rule's effect starts: ``rule``, ``effect``,
 ``params`` and the affected ``n`` (null for engine-wide effects).

@@ -49,6 +49,15 @@ class ResponsesState(StrEnum):
     the live response of its parent (needs the server's response store)."""
 
 
+class Aborts(StrEnum):
+    """What becomes of a request the recorded client abandoned (``meta.abort``)."""
+
+    REPLAY = "replay"
+    """Disconnect at the recorded point (:mod:`replayer.replay.aborts`)."""
+    COMPLETE = "complete"
+    """Read it to its end, as if the client had waited."""
+
+
 class OnFailure(StrEnum):
     STOP = "stop"
     CONTINUE = "continue"
@@ -132,6 +141,12 @@ class ReplayPolicy(Declared):
         1800.0, "bound on one request, seconds (default 1800)", metavar="S", gt=0
     )
     """Whole-request bound; long prefills send no bytes for minutes."""
+    aborts: Aborts = option(
+        Aborts.REPLAY,
+        "requests the recorded client abandoned: replay (default: disconnect after the same "
+        "number of streamed events, else after the same time) or complete (read to the end)",
+    )
+    """Client aborts: replayed at their recorded point, or sent to completion."""
     on_failure: OnFailure = option(
         OnFailure.STOP, "stop dispatching to a failed target (default) or keep going"
     )

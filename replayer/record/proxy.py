@@ -615,6 +615,7 @@ class RecordingProxy:
                 return out, "client"
             if not last:
                 cap.feed(chunk, now)
+            ex.delivered = cap.reply().events  # relayed: where a client's abort comes after
             if eof:
                 return out, None
             chunk = b""

@@ -22,8 +22,16 @@ Row contents (beyond the columns the format defines):
   client saw it) and done, relative to the start.
 * ``meta.session``: how the session was found (``header``, ``new``,
   ``next``, ``fork``) and ``meta.parent``: the request it extends.
+* ``after``: the other sessions' requests this one joins on (a sub-agent's
+  answer its tool results carry, the request whose tool call launched it;
+  :mod:`replayer.record.sessions`), ``meta.joins`` saying which (``result``
+  or ``prompt``).
 * ``meta.abandoned``: ``client`` (the client went away mid-exchange) or
   ``shutdown`` (the recorder stopped first); the partial output is kept.
+  A client's abort also gets ``meta.abort``: ``after_us`` (from the
+  request's start to the disconnect) and, for a stream, ``after_chunks``
+  (the SSE data events relayed to the client before it left), where a
+  replay disconnects too (:mod:`replayer.replay.aborts`).
 * ``meta.failure``: ``connect`` (upstream unreachable: the client got a 502
   from the recorder), ``upstream`` (the upstream broke off mid-response).
 * ``meta.headers`` / ``meta.query``: the request's other headers and query
@@ -131,6 +139,8 @@ class Exchange:
     """``connect`` or ``upstream`` (see the module docstring)."""
     abandoned: str | None = None
     """``client`` or ``shutdown``."""
+    delivered: int = 0
+    """Streamed events relayed whole to the client (``meta.abort.after_chunks``)."""
     settled_ns: int | None = None
     """When the tracker learned the reply (at ``[DONE]``, before the client saw it)."""
     notes: dict[str, Any] = field(default_factory=dict)
@@ -379,6 +389,8 @@ class Recorder:
         meta: dict[str, Any] = {"session": a.source}
         if a.parent is not None:
             meta["parent"] = a.parent
+        if a.joins:
+            meta["joins"] = dict(a.joins)
         if ex.client_request_id is not None and ex.client_request_id != ex.request_id:
             meta["client_request_id"] = red.text(ex.client_request_id)
         timing = {
@@ -392,6 +404,11 @@ class Recorder:
         meta["timing_us"] = {k: v for k, v in timing.items() if v is not None}
         if ex.abandoned:
             meta["abandoned"] = ex.abandoned
+        if ex.abandoned == "client":
+            abort = {"after_us": rel(ex.end_ns) or 0}
+            if ex.stream:
+                abort["after_chunks"] = ex.delivered
+            meta["abort"] = abort
         if ex.failure:
             meta["failure"] = ex.failure
         if r.error_type is not None:
@@ -433,6 +450,7 @@ class Recorder:
             end_us=None if ex.end_ns is None else (ex.end_ns - self.t0_ns) // 1000,
             path=path,
             base_hint=a.parent,
+            after=a.after,
             body_sha256=ex.body_sha256,
             status=ex.status,
             ttft_us=ttft,

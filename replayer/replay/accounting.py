@@ -97,6 +97,8 @@ class TargetRun:
     report: FailureReport | None = None
     prefix_cache: dict[str, float] | None = None
     """Prefix-cache hits and queries over the run, from the target's /metrics."""
+    spec_decode: dict[str, Any] | None = None
+    """Speculative-decoding drafts and acceptance over the run, from its /metrics."""
     aborting: bool = False
     interrupted: bool = False
     """The replay itself was interrupted (Ctrl-C, SIGTERM), not the target."""
@@ -159,7 +161,7 @@ class Books:
         failure fails the target (and stops it, unless ``--on-failure
         continue``)."""
         r = run.results[i]
-        if r.status is not Status.OK:
+        if r.status not in (Status.OK, Status.ABORTED):  # an abort is the trace's, by design
             run.errors += 1
             if r.error_class == "client_resources" and not self._warned_fds:
                 self._warned_fds = True
@@ -250,3 +252,4 @@ async def conclude(run: TargetRun) -> None:
     finally:
         await w.stop()
         run.prefix_cache = w.prefix_cache()
+        run.spec_decode = w.spec_decode()

@@ -109,10 +109,15 @@ class HTTPTransport(Transport):
             stats.keep_text = True
         acc = accumulator(api_for_path(url) or Api.CHAT, stats)
         dec = SSEDecoder()
+        abort = request.abort
+        cut = abort.after_chunks if abort is not None else None
 
         def sink(chunk: bytes, now: float) -> None:
             for ev in dec.feed(chunk):
                 acc.event(ev, now)
+                if cut is not None and stats.events >= cut and not (stats.error or stats.done):
+                    # the rest of this read is what the recorded client never saw
+                    raise http1.ClientAbort(f"after {stats.events} streamed event(s)")
 
         def us(t: float) -> int:
             return round((t - t0) * 1e6)
@@ -121,6 +126,7 @@ class HTTPTransport(Transport):
         head = http1.request_head(target, request.headers, len(body))
         conn: http1.Conn | None = None
         reuse = refused = False
+        timer: asyncio.TimerHandle | None = None
         try:
             async with asyncio.timeout(request.timeout):
                 conn = await pool.connect(target.origin)
@@ -129,6 +135,12 @@ class HTTPTransport(Transport):
                     refused = reuse = True
                 else:
                     resp = conn.request(head, body, sink)
+                    if abort is not None and cut is None and abort.after_us is not None:
+                        timer = loop.call_later(
+                            abort.after_us / 1e6,
+                            conn.abort,
+                            http1.ClientAbort(f"after {abort.after_us / 1e6:g} s"),
+                        )
                     if sent is not None and not sent.done():
                         sent.set_result(None)
                     await resp.head
@@ -184,7 +196,12 @@ class HTTPTransport(Transport):
             result.status = Status.TRANSPORT_ERROR
             result.error_class = "client"
             result.error = str(exc)
+        except http1.ClientAbort as exc:
+            result.status = Status.ABORTED
+            result.error = f"disconnected on purpose {exc}, as the recorded client did"
         finally:
+            if timer is not None:
+                timer.cancel()
             if conn is not None:
                 if reuse:
                     pool.release(conn)

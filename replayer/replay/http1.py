@@ -99,6 +99,11 @@ class BadResponse(Exception):
     """What came back is not HTTP/1.1."""
 
 
+class ClientAbort(Exception):
+    """The client gave up on the response on purpose (a replayed abort):
+    raised by a sink, or passed to :meth:`Conn.abort`; the connection closes."""
+
+
 class Response:
     """One response as it arrives. ``head`` resolves once its headers are
     in (or the exchange failed first: ``error``), ``done`` once it is
@@ -258,6 +263,11 @@ class Conn(asyncio.Protocol):
         t.write(head)
         t.write(body)
         return r
+
+    def abort(self, error: Exception) -> None:
+        """Give up on the response in flight (it fails with ``error``) and
+        close the connection: the server sees the client go away."""
+        self._fail(error)
 
     @property
     def flushed(self) -> bool:

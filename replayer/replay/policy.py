@@ -33,6 +33,7 @@ replayer falls behind).
 from __future__ import annotations
 
 from replayer.options.replay import (
+    Aborts,
     Mode,
     OnFailure,
     Order,
@@ -41,4 +42,4 @@ from replayer.options.replay import (
     Timing,
 )
 
-__all__ = ["Mode", "OnFailure", "Order", "ReplayPolicy", "ResponsesState", "Timing"]
+__all__ = ["Aborts", "Mode", "OnFailure", "Order", "ReplayPolicy", "ResponsesState", "Timing"]

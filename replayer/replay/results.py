@@ -35,6 +35,9 @@ class Status(StrEnum):
     TRANSPORT_ERROR = "transport_error"
     """Connection refused or reset, or a stream cut before ``[DONE]``."""
     TIMEOUT = "timeout"
+    ABORTED = "aborted"
+    """The replay disconnected where the recorded client did (``--aborts
+    replay``): by design, not a failure of the server."""
     NOT_SENT_AFTER_CRASH = "not_sent_after_crash"
     SKIPPED = "skipped"
 

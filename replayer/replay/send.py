@@ -8,7 +8,9 @@ transport, and only while the run goes on), the target's
 Seq and dispatch time are stamped at the first byte, not when the send's
 task started, so seq is the order the target saw. A request aborted on the
 wire (the hang watchdog, an interrupt) is recorded as such; one refused its
-turn (the run stopped first) stays never sent.
+turn (the run stopped first) stays never sent. A request the recorded
+client abandoned is abandoned at the same point (``--aborts replay``,
+:mod:`replayer.replay.aborts`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from __future__ import annotations
 import asyncio
 
 from replayer.monitor.watch import InFlight
+from replayer.replay.aborts import abort_points
 from replayer.replay.accounting import Books, TargetRun
 from replayer.replay.plan import Plan
-from replayer.replay.policy import Mode, ReplayPolicy
+from replayer.replay.policy import Aborts, Mode, ReplayPolicy
 from replayer.replay.results import Status
 from replayer.replay.schedule import Schedule
 from replayer.replay.transport import Request, release
@@ -37,6 +40,8 @@ class Sender:
         self._rid, self._sid, self._path = c("request_id"), c("session_id"), c("path")
         self._tokens = c("input_tokens")
         self._keep_text = policy.save_output or policy.mode is Mode.LIVE
+        self._aborts = abort_points(trace, plan.rows) if policy.aborts is Aborts.REPLAY else {}
+        """Trace row -> where the recorded client abandoned it (read before T0)."""
 
     async def send(
         self,
@@ -94,6 +99,7 @@ class Sender:
             sent=sent,
             answered=answered,
             go=go,
+            abort=self._aborts.get(row),
         )
         try:
             await run.transport.handle(request)
@@ -123,6 +129,7 @@ class Sender:
         if r.seq is None:  # it ended before a byte left (no connection, aborted)
             stamp()
         if run.watch is not None:
-            run.watch.completed(r.request_id, r.error if r.status is not Status.OK else None)
+            failed = r.status not in (Status.OK, Status.ABORTED)
+            run.watch.completed(r.request_id, r.error if failed else None)
         run.content.learn(i, r, stats)
         self.books.settle(run, i)

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from replayer.replay.aborts import AbortAt
 from replayer.replay.results import Result
 from replayer.wire import Reply
 
@@ -63,6 +64,9 @@ class Request:
     the request ends, whatever happened."""
     go: Go | None = None
     """The request's turn (see :data:`Go`); None: at once."""
+    abort: AbortAt | None = None
+    """Disconnect there, as the recorded client did (``result.status``
+    ``aborted`` when reached); None: read the response to its end."""
 
     def release(self) -> None:
         """Resolve ``sent`` and ``answered`` if they are not yet."""

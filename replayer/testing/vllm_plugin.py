@@ -27,7 +27,32 @@ scheduler hands the model runner (``SchedulerOutput``):
 ===================  ========================================================
 
 A rule that names a request variable is evaluated once per new request in the
-step; one that names only step variables, once per step. Effects:
+step; one that names only step variables, once per step.
+
+A rule that names ``abort`` (or ``output_tokens``) fires on client aborts
+instead, in EngineCore, where vLLM's scheduler finishes an aborted request
+(``Scheduler.finish_requests`` with ``FINISHED_ABORTED``: what
+``EngineCore.abort_requests`` does when the API server reports a client
+gone, and where a KV connector's ``request_finished`` hook runs, the path
+of LMCache's crash on abort). Its variables are the aborted request's:
+
+===================  ========================================================
+``abort``            cumulative aborts, this one included (1-based)
+``prompt_tokens``    its prompt length
+``cached_tokens``    its prefix-cache hit when first scheduled (0 if never)
+``output_tokens``    tokens it had generated
+``request``          not set (0)
+===================  ========================================================
+
+so ``raise when abort>=1 and cached_tokens>=256`` is "EngineCore dies when a
+request with 256 cached tokens is aborted". Its effect comes at the abort:
+``raise`` from inside the scheduler's abort (EngineCore's fatal-error path),
+``exit`` and ``abort`` at once or after ``delay``, ``hang`` blocks EngineCore;
+``slow`` is refused. vLLM sends the scheduler an abort for a request whose
+stop string the API server matched too: with stop strings in play, not every
+abort is a client's.
+
+Effects:
 
 * ``raise`` [gpu=hip|hsa|cuda]: the model runner raises the error a GPU
   kernel fault surfaces as (``Triton Error [HIP]: Code: 700``, an
@@ -87,7 +112,11 @@ ADMISSION_LOG_ENV = "REPLAYER_VLLM_ADMISSION_LOG"
 
 REQUEST_VARS = ("request", "prompt_tokens", "cached_tokens")
 STEP_VARS = ("scheduled_tokens", "batch", "step")
-VARIABLES = REQUEST_VARS + STEP_VARS
+ABORT_VARS = ("abort", "output_tokens")
+"""Naming one makes a rule fire on aborts (in EngineCore), not on steps."""
+VARIABLES = REQUEST_VARS + STEP_VARS + ABORT_VARS
+CACHED_MEMORY = 65536
+"""Requests whose prefix-cache hit EngineCore remembers for abort rules."""
 _GPU = ("hip", "hsa", "cuda")
 
 
@@ -117,7 +146,24 @@ def parse_rules(text: str) -> list[FaultRule]:
     """``;``- or newline-separated rules in the emulator's grammar, with this
     plugin's variables and effects."""
     specs = [s.strip() for s in text.replace("\n", ";").split(";") if s.strip()]
-    return [parse_spec(s, i, variables=VARIABLES, effects=EFFECTS) for i, s in enumerate(specs)]
+    rules = [parse_spec(s, i, variables=VARIABLES, effects=EFFECTS) for i, s in enumerate(specs)]
+    for r in rules:
+        if not on_abort(r):
+            continue
+        if r.effect == "slow":
+            raise FaultSpecError(f"bad fault rule {r.name}: slow cannot fire on an abort")
+        if r.delay > 0 and r.effect not in ("exit", "abort"):
+            raise FaultSpecError(
+                f"bad fault rule {r.name}: on an abort, only exit and abort take a delay"
+            )
+        if any(c.var in STEP_VARS for c in r.conditions):
+            raise FaultSpecError(f"bad fault rule {r.name}: no step variable at an abort")
+    return rules
+
+
+def on_abort(rule: FaultRule) -> bool:
+    """The rule fires on client aborts (it names an abort variable)."""
+    return any(c.var in ABORT_VARS for c in rule.conditions)
 
 
 @dataclass
@@ -140,6 +186,9 @@ class Injector:
     pending: list[_Pending] = field(default_factory=list)
     slow_add: float = 0.0
     slow_left: int = 0
+    aborts: int = 0
+    cached: dict[str, int] = field(default_factory=dict)
+    """Request id -> prefix-cache hit at its first schedule (EngineCore)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -156,7 +205,7 @@ class Injector:
         }
         now = time.monotonic()
         for i, rule in enumerate(self.rules):
-            if rule.times and self.fired[i] >= rule.times:
+            if (rule.times and self.fired[i] >= rule.times) or on_abort(rule):
                 continue
             per_request = any(c.var in REQUEST_VARS for c in rule.conditions)
             if per_request:
@@ -177,6 +226,39 @@ class Injector:
         for req in new:
             self.seen.add(str(getattr(req, "req_id", "")))
         self._apply_due(now)
+
+    def scheduled(self, new_reqs: Sequence[Any]) -> None:
+        """EngineCore's scheduler handed these out for the first time:
+        remember their prefix-cache hits (bounded) for abort rules."""
+        for req in new_reqs:
+            self.cached[str(getattr(req, "req_id", ""))] = int(
+                getattr(req, "num_computed_tokens", 0) or 0
+            )
+        while len(self.cached) > CACHED_MEMORY:
+            del self.cached[next(iter(self.cached))]
+
+    def aborted(self, requests: Sequence[Any]) -> None:
+        """The scheduler finished these requests as aborted: evaluate the
+        abort rules on each; a fired effect comes now (may raise or end the
+        process)."""
+        now = time.monotonic()
+        for req in requests:
+            rid = str(getattr(req, "request_id", ""))
+            self.aborts += 1
+            vals = {
+                "abort": float(self.aborts),
+                "request": 0.0,
+                "prompt_tokens": float(getattr(req, "num_prompt_tokens", 0) or 0),
+                "cached_tokens": float(self.cached.pop(rid, 0)),
+                "output_tokens": float(getattr(req, "num_output_tokens", 0) or 0),
+            }
+            for i, rule in enumerate(self.rules):
+                if on_abort(rule):
+                    self._decide(i, rule, vals, now, rid)
+        due = [p for p in self.pending if on_abort(p.rule)]
+        self.pending = [p for p in self.pending if not on_abort(p.rule)]
+        for p in due:
+            _apply(p.rule)
 
     def _decide(
         self, i: int, rule: FaultRule, vals: dict[str, float], now: float, rid: str | None
@@ -330,6 +412,44 @@ def _patch_engine_core(path: str) -> Callable[[ModuleType], None]:
     return patch
 
 
+def _patch_scheduler(injector: Injector) -> Callable[[ModuleType], None]:
+    """EngineCore's scheduler: first schedules (cached tokens) and aborts."""
+
+    def patch(module: ModuleType) -> None:
+        cls = getattr(module, "Scheduler", None)
+        if cls is None or getattr(cls.finish_requests, "_replayer", False):
+            return
+        schedule0, finish0 = cls.schedule, cls.finish_requests
+
+        def schedule(self: Any, *args: Any, **kw: Any) -> Any:
+            out = schedule0(self, *args, **kw)
+            injector.scheduled(getattr(out, "scheduled_new_reqs", None) or ())
+            return out
+
+        def finish_requests(self: Any, request_ids: Any, finished_status: Any) -> Any:
+            live: list[Any] = []
+            if request_ids is not None and getattr(finished_status, "name", "") == (
+                "FINISHED_ABORTED"
+            ):  # None: every request (shutdown, pause), not a client's abort
+                if not isinstance(request_ids, str):
+                    request_ids = list(request_ids)
+                ids = [request_ids] if isinstance(request_ids, str) else request_ids
+                for rid in ids:
+                    req = self.requests.get(rid)
+                    if req is not None and not req.is_finished():
+                        live.append(req)
+            out = finish0(self, request_ids, finished_status)
+            if live:
+                injector.aborted(live)
+            return out
+
+        schedule._replayer = True  # type: ignore[attr-defined]
+        finish_requests._replayer = True  # type: ignore[attr-defined]
+        cls.schedule, cls.finish_requests = schedule, finish_requests
+
+    return patch
+
+
 def register() -> None:
     """The entry point vLLM calls in each of its processes."""
     faults = os.environ.get(FAULTS_ENV, "").strip()
@@ -346,6 +466,8 @@ def register() -> None:
         rng = random.Random(seed if seed is not None else os.urandom(16))
         injector = Injector(rules, rng, os.environ.get(FAULT_LOG_ENV) or None)
         patches["vllm.v1.worker.gpu_model_runner"] = _patch_runner(injector)
+        if any(on_abort(r) for r in rules):
+            patches["vllm.v1.core.sched.scheduler"] = _patch_scheduler(injector)
     if admission:
         patches["vllm.v1.engine.core"] = _patch_engine_core(admission)
     for name, patch in list(patches.items()):

@@ -3,18 +3,22 @@ in trace order, for tools that do not read Arrow. A selection (replay's
 ``--limit``/``--sessions``/``--requests``) exports only those rows.
 
 ``jsonl`` lines are ``{"request_id", "session_id", "turn", "start_us",
-"end_us", "path", "body"}`` (``replayer import openai-jsonl`` reads them
-back). ``aiperf`` lines are AIPerf ``mooncake_trace`` rows: ``session_id``,
-``timestamp`` (ms), and ``messages`` (+``tools``), ``text_input``, or
-``input_length`` + ``hash_ids`` by payload kind, with ``output_length`` from
-``max_tokens`` and the remaining body parameters under ``extra``. AIPerf sets
-``model`` and streaming itself, so those are left out. Rows also carry
-``request_id`` and, for blocks, ``block_size``: AIPerf ignores unknown keys,
-and ``replayer import aiperf`` reads them back. Block ids scoped by a
-namespace (kv-cache-tester) become globally unique integers, numbered in
-order of first appearance, so traces that reuse local ids never share
-prompts inside AIPerf; the sharing structure survives, the token values (a
-function of the original ids) do not.
+"end_us", "path", "body"}``, plus ``abort`` on a request the recorded client
+left before its answer ended (:func:`abort_mark`) and ``after`` on a request
+that joins on others (the ids whose end it waits for; a join on a request
+the selection leaves out is left out, as subsets drop it); ``replayer import
+openai-jsonl`` reads them back, the mark as ``meta.abort``. ``aiperf``
+lines are AIPerf ``mooncake_trace`` rows: ``session_id``, ``timestamp``
+(ms), and ``messages`` (+``tools``), ``text_input``, or ``input_length`` +
+``hash_ids`` by payload kind, with ``output_length`` from ``max_tokens`` and
+the remaining body parameters under ``extra``. AIPerf sets ``model`` and
+streaming itself, so those are left out. Rows also carry ``request_id`` and,
+for blocks, ``block_size``: AIPerf ignores unknown keys, and ``replayer
+import aiperf`` reads them back. Block ids scoped by a namespace
+(kv-cache-tester) become globally unique integers, numbered in order of
+first appearance, so traces that reuse local ids never share prompts inside
+AIPerf; the sharing structure survives, the token values (a function of the
+original ids) do not.
 
 ``aiperf-inputs`` writes one AIPerf ``inputs.json`` document: ``{"data":
 [{"session_id", "payloads": [body, ...]}, ...]}``, sessions in order of
@@ -75,12 +79,37 @@ def checked_bodies(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[
         yield row, body
 
 
+def abort_mark(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where the recorded client left (a line's ``abort``): ``meta.abort`` as
+    recorded, or an older recording's ``meta.abandoned = "client"`` mark in
+    that shape (its event count and exchange end), as the replay reads it
+    (``replayer.replay.aborts.abort_point``, which also checks the values, as
+    a bundle's ``repro.py`` does). None: the client did not leave."""
+    if not meta:
+        return None
+    raw = meta.get("abort")
+    if isinstance(raw, dict):
+        return raw
+    if meta.get("abandoned") != "client":
+        return None
+    timing = meta.get("timing_us")
+    mark = {
+        "after_chunks": meta.get("events"),
+        "after_us": timing.get("done") if isinstance(timing, dict) else None,
+    }
+    return {k: v for k, v in mark.items() if v is not None}
+
+
 def jsonl_lines(
     trace: Trace, rows: Sequence[int] | None = None, *, tokens: bool = False
 ) -> Iterator[bytes]:
     """One JSON line per request, full body; ``tokens`` adds each request's
-    ``input_tokens`` (a bundle's ``repro.py`` skips over-context requests by it)."""
+    ``input_tokens`` (a bundle's ``repro.py`` skips over-context requests by it).
+    A row without a recorded finish reason may be one its client left: its
+    ``meta`` is read for the mark (an answer read to its end has a reason)."""
     c = trace.column
+    finish, after = c("finish_reason"), c("after")
+    kept = None if rows is None else {c("request_id")[r] for r in rows}
     for row, body in checked_bodies(trace, rows):
         line: dict[str, Any] = {
             "request_id": c("request_id")[row],
@@ -90,6 +119,12 @@ def jsonl_lines(
             "end_us": c("end_us")[row],
             "path": c("path")[row],
         }
+        mark = abort_mark(trace.meta(row)) if finish[row] is None else None
+        if mark:
+            line["abort"] = mark
+        joins = [a for a in after[row] or () if kept is None or a in kept]
+        if joins:
+            line["after"] = joins
         if tokens:
             line["input_tokens"] = c("input_tokens")[row]
         line["body"] = orjson.Fragment(body)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
+from replayer.replay.aborts import AbortAt, abort_point
 from replayer.testing.emulator import apoll_until
 from replayer.trace.reader import Trace
 from tests.helpers.record import MODEL, TOOL_CALL
@@ -307,6 +308,9 @@ async def test_abandoned_stream_is_kept_and_the_upstream_sees_it(fake_upstream, 
     o, meta = t.outcome(0), t.meta(0)
     assert meta["abandoned"] == "client" and meta["done_event"] is False
     assert (o["status"], o["output_text"], o["finish_reason"]) == (200, "partial ", None)
+    # where the client left: after the two events it read, at the exchange's end
+    assert meta["abort"] == {"after_us": meta["timing_us"]["done"], "after_chunks": 2}
+    assert abort_point(meta) == AbortAt(after_chunks=2, after_us=meta["timing_us"]["done"])
 
 
 @pytest.mark.inprocess

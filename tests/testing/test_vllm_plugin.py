@@ -106,6 +106,42 @@ def test_bad_rules_are_one_clear_error():
         parse_rules("cut when request=1")
 
 
+@dataclass
+class Aborted:
+    """What EngineCore's scheduler holds of a request it finishes as aborted."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+
+
+@pytest.mark.inprocess
+def test_abort_rules_fire_on_aborts_with_the_cache_hit_of_the_first_schedule(tmp_path):
+    inj = injector("raise gpu=hsa when abort>=1 and cached_tokens>=256", tmp_path)
+    # the worker's steps never evaluate an abort rule
+    inj.before_step(step(Req("a", [1] * 600, 512)))
+    assert decisions(tmp_path) == []
+    inj.scheduled([Req("a", [1] * 600, 512), Req("b", [1] * 600, 128)])
+    inj.aborted([Aborted("b", 600, 7)])  # aborted, but only 128 cached
+    with pytest.raises(RuntimeError, match="HSA_STATUS_ERROR_EXCEPTION"):
+        inj.aborted([Aborted("a", 600, 3)])
+    (d,) = decisions(tmp_path)
+    assert (d["request_id"], d["fired"]) == ("a", True)
+    assert d["values"] == {"abort": 2.0, "cached_tokens": 512.0}
+    assert inj.cached == {}  # forgotten once aborted
+
+
+@pytest.mark.inprocess
+def test_abort_rules_refuse_what_an_abort_cannot_do():
+    with pytest.raises(FaultSpecError, match="slow cannot fire on an abort"):
+        parse_rules("slow when abort>=1")
+    with pytest.raises(FaultSpecError, match="only exit and abort take a delay"):
+        parse_rules("raise when abort>=1 delay=2")
+    with pytest.raises(FaultSpecError, match="no step variable at an abort"):
+        parse_rules("raise when abort>=1 and batch>=2")
+    assert parse_rules("exit code=3 when output_tokens>=5 delay=1")[0].delay == 1.0
+
+
 FAKE_RUNNER = """
 class GPUModelRunner:
     def execute_model(self, scheduler_output, intermediate_tensors=None):
