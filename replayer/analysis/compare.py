@@ -16,6 +16,9 @@ put against it, row by row:
   (:mod:`replayer.analysis.bootstrap`) and a verdict, ``slower``, ``faster``
   or ``same``: a difference is called only when the interval excludes 1 and
   lies outside the ``--min-effect`` band;
+* speculative decoding, where a run's server had it (``summary.json``'s
+  ``spec_decode``, from its ``vllm:spec_decode_*`` counters): draft and
+  accepted tokens, acceptance rate and mean acceptance length, plain ratios;
 * output divergence, meaningful at temperature 0: which requests answered
   ``ok`` on both sides with different output (by output hash), and where the
   texts first differ when both runs kept them (``--save-output``).
@@ -222,6 +225,27 @@ def _api_rows(configs: Sequence[Config], row: Callable[..., None]) -> None:
             row(f"{api}_{key}", f"{api} {label}", unit, values, vs)
 
 
+SPEC_DECODE_ROWS = (
+    ("draft_tokens", "spec-decode draft tokens", ""),
+    ("accepted_tokens", "spec-decode accepted tokens", ""),
+    ("acceptance_rate", "spec-decode acceptance rate", ""),
+    ("mean_acceptance_length", "spec-decode mean acceptance length", ""),
+)
+
+
+def _spec_decode_rows(configs: Sequence[Config], row: Callable[..., None]) -> None:
+    """Speculative-decoding rows when any config's server had it; a config
+    without it shows ``-`` (its acceptance is not zero, it did not draft)."""
+    by = {c.label: c.target.summary.get("spec_decode") for c in configs}
+    if not any(by.values()):
+        return
+    base = configs[0].label
+    for key, label, unit in SPEC_DECODE_ROWS:
+        values = {lab: (s or {}).get(key) for lab, s in by.items()}
+        vs = {c.label: _plain_ratio(values[c.label], values[base]) for c in configs[1:]}
+        row(f"spec_decode_{key}", label, unit, values, vs)
+
+
 def compare_group(title: str, configs: Sequence[Config], opts: CompareOptions) -> dict[str, Any]:
     """One table: every config against the first (see the module docstring)."""
     base = configs[0]
@@ -253,6 +277,7 @@ def compare_group(title: str, configs: Sequence[Config], opts: CompareOptions) -
         {c.label: {"ratio": None, "low": None, "high": None, "verdict": ""} for c in configs[1:]},
     )
     _api_rows(configs, row)
+    _spec_decode_rows(configs, row)
     samples = {
         c.label: {m: sorted(c.target.latencies_ms(m)) for m, _ in LATENCIES} for c in configs
     }

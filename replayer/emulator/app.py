@@ -5,6 +5,9 @@
   dead; a hung engine still answers 200, unless its API is stalled too
   (``hang api=stall``): then no request gets an answer, as when the API
   server's event loop is stuck.
+* ``/fault_tolerance/status`` (only with ``--enable-fault-tolerance``): the
+  engine's state, ``healthy``, ``unhealthy`` (the ``unhealthy`` fault; ``/health``
+  stays 200 then, as vLLM's does) or ``dead``.
 * ``/v1/models``, ``/version``, ``/load``, ``/metrics``, ``/tokenize`` and
   ``/detokenize`` never touch the engine, so they answer after death too.
 * Dev endpoints (``/server_info``, ``/reset_prefix_cache``, ...) exist only
@@ -175,6 +178,11 @@ class AccessLog(AbstractAccessLogger):
 
 async def health(request: web.Request) -> web.Response:
     return web.Response(status=503 if request.app[RUNTIME].engine.dead else 200)
+
+
+async def fault_tolerance_status(request: web.Request) -> web.Response:
+    engines = request.app[RUNTIME].effects.engine_status()
+    return web.json_response({"schema_version": 1, "total_engines": 1, "engines": engines})
 
 
 async def version(request: web.Request) -> web.Response:
@@ -361,6 +369,8 @@ def create_app(cfg: EmulatorConfig, runtime: Runtime | None = None) -> web.Appli
     r.add_get("/v1/responses/{response_id}", responses.retrieve, allow_head=False)
     r.add_post("/v1/responses/{response_id}/cancel", responses.cancel)
     app[responses.STORE] = responses.ResponseStore()
+    if cfg.enable_fault_tolerance:
+        r.add_get("/fault_tolerance/status", fault_tolerance_status, allow_head=False)
     if cfg.dev_mode:
         r.add_get("/server_info", server_info, allow_head=False)
         r.add_post("/reset_prefix_cache", reset_prefix_cache)

@@ -83,7 +83,11 @@ class EmulatorConfig:
     enforce_eager: bool = False
     """``--enforce-eager``: reported and testable by fault rules (no graphs to skip here)."""
     speculative_config: str | None = None
-    """``--speculative-config``: reported and testable by fault rules (no drafting)."""
+    """``--speculative-config``: reported, testable by fault rules, and counted in
+    the ``vllm:spec_decode_*`` metrics (no real drafting)."""
+    enable_fault_tolerance: bool = False
+    """``--enable-fault-tolerance``: a faulting engine may be kept UNHEALTHY (the
+    ``unhealthy`` fault) and ``GET /fault_tolerance/status`` exists, as in vLLM."""
     enable_prompt_tokens_details: bool = False
     """Report ``prompt_tokens_details.cached_tokens`` in usage."""
     enable_force_include_usage: bool = False
@@ -138,6 +142,11 @@ class EmulatorConfig:
     (off, as in vLLM: both answer 404)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """``VLLM_*`` environment seen at start (reported by ``/server_info``)."""
+    kernel_sync: str = ""
+    """Which GPU errors name their faulting kernel: ``rocm`` with
+    ``AMD_SERIALIZE_KERNEL`` 2 or 3 (each dispatch waited for, so the fault
+    surfaces at its launch), ``cuda`` with ``CUDA_LAUNCH_BLOCKING=1``; empty
+    otherwise (the error is asynchronous and names no kernel)."""
     _profile: str = field(default="", init=False, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -360,10 +369,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="reported, and visible to fault rules as enforce_eager (default off)",
     )
     s.add_argument(
+        "--enable-fault-tolerance",
+        action="store_true",
+        help="vLLM's fault tolerance: GET /fault_tolerance/status, and the unhealthy fault "
+        "keeps a faulted engine UNHEALTHY instead of killing it",
+    )
+    s.add_argument(
         "--speculative-config",
         default=None,
         metavar="JSON",
-        help="reported, and visible to fault rules as spec_decode=1 (no drafting)",
+        help="reported, visible to fault rules as spec_decode=1, and counted in vLLM's "
+        "spec_decode metrics (no real drafting)",
     )
     s.add_argument(
         "--enable-prompt-tokens-details",
@@ -512,6 +528,7 @@ def config_from_args(
         enable_chunked_prefill=args.enable_chunked_prefill,
         enforce_eager=args.enforce_eager,
         speculative_config=args.speculative_config,
+        enable_fault_tolerance=args.enable_fault_tolerance,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_server_load_tracking=args.enable_server_load_tracking,
@@ -538,4 +555,12 @@ def config_from_args(
         keep_alive_on_engine_death=env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") == "1",
         responses_store=env.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") == "1",
         env={k: v for k, v in env.items() if k.startswith("VLLM_") and "KEY" not in k},
+        kernel_sync=",".join(
+            name
+            for name, on in (
+                ("rocm", env.get("AMD_SERIALIZE_KERNEL", "0").strip() in ("2", "3")),
+                ("cuda", env.get("CUDA_LAUNCH_BLOCKING", "0").strip() == "1"),
+            )
+            if on
+        ),
     )

@@ -8,6 +8,13 @@ process (VLLM.md §2, §7.4).
   :meth:`~replayer.emulator.runtime.Runtime.exit_delay`), or at once when a
   new request meets the dead engine (vLLM's ``terminate_if_errored``),
   unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``.
+* ``unhealthy`` (with ``--enable-fault-tolerance``): vLLM's fault tolerance
+  keeps the faulted engine, UNHEALTHY: the sentinel's log lines with the
+  fault's traceback, every in-flight request fails, the engine stops
+  stepping (new requests wait for a recovery that never comes), ``/health``
+  stays 200 and ``/fault_tolerance/status`` says ``unhealthy``; after
+  ``timeout`` s, "[FT] No recovery" and engine death, exit 0. Without fault
+  tolerance the fault kills the engine: ``exit``.
 * :meth:`Effects.engine_killed` (SIGUSR1 to the process): what ``kill -9`` of
   vLLM's EngineCore does - no GPU error or engine traceback, the API server's
   ``engine core exited unexpectedly`` and ``EngineDeadError``, then the same
@@ -38,6 +45,31 @@ from replayer.emulator.logs import BatchDump, ServerLog
 
 if TYPE_CHECKING:
     from replayer.emulator.request import Request
+
+
+FT_ERRORS = {
+    "cuda": "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "hip": "RuntimeError: HIP error: an illegal memory access was encountered",
+    "hsa": "RuntimeError: HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION: The agent attempted to "
+    "access memory beyond the largest legal address. code: 0x29",
+}
+"""The exception a fault-tolerant busy loop catches, by GPU flavour."""
+FT_TRACEBACK = (
+    "Traceback (most recent call last):",
+    '  File "/usr/local/lib/python3.12/site-packages/vllm/v1/fault_tolerance/'
+    'engine_core_sentinel.py", line 178, in run_with_fault_tolerance',
+    "    busy_loop_func(self)",
+    '  File "/usr/local/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 1086, '
+    "in run_busy_loop",
+    "    self._process_engine_step()",
+    '  File "/usr/local/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 1120, '
+    "in _process_engine_step",
+    "    outputs, model_executed = self.step_fn()",
+    '  File "/usr/local/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", '
+    "line 2514, in execute_model",
+    "    model_output = self.model(",
+)
+"""The fault's traceback in the sentinel's log line (the signature's root cause)."""
 
 
 class Host(Protocol):
@@ -74,10 +106,24 @@ class Effects:
     def __init__(self, rt: Host) -> None:
         self.rt = rt
         self._tasks: list[asyncio.Task[None]] = []
+        self.fault: str | None = None
+        """The exception type of the fault that left the engine UNHEALTHY."""
+
+    def engine_status(self) -> list[dict[str, object]]:
+        """``/fault_tolerance/status``'s ``engines``, as vLLM's sentinel pushes them."""
+        if self.rt.engine.dead:
+            return [{"id": 0, "status": "dead"}]
+        if self.fault is not None:
+            return [{"id": 0, "status": "unhealthy", "fault_info": self.fault}]
+        return [{"id": 0, "status": "healthy"}]
 
     def apply(self, rule: FaultRule, target: Request | None, dump: BatchDump) -> None:
         rt = self.rt
-        if rule.effect in ("exit", "dead"):
+        if rule.effect == "unhealthy" and rt.cfg.enable_fault_tolerance:
+            self.unhealthy(rule.text("gpu"), rule.opt_num("timeout"))
+        elif rule.effect == "unhealthy":
+            self.crash(rule.text("gpu"), dump, 0, None)  # no fault tolerance: engine death
+        elif rule.effect in ("exit", "dead"):
             code = int(rule.num("code")) if rule.effect == "exit" else None
             after = rule.opt_num("after") if rule.effect == "exit" else 0.0
             self.crash(rule.text("gpu"), dump, code, after)
@@ -117,6 +163,41 @@ class Effects:
         rt.engine.die()
         if exit_code is not None and not rt.cfg.keep_alive_on_engine_death:
             rt.schedule_exit(exit_code, after)
+
+    def unhealthy(self, gpu: str | None, timeout: float | None) -> None:
+        """vLLM's ``EngineCoreSentinel.on_fault``: abort what runs, wait for recovery."""
+        rt = self.rt
+        if rt.engine.dead or self.fault is not None:
+            return
+        flavour = gpu if gpu else ("hsa" if rt.cfg.platform == "rocm" else "cuda")
+        error = FT_ERRORS.get(flavour, FT_ERRORS["cuda"])
+        self.fault = error.split(":", 1)[0]
+        rt.log.engine(
+            "WARNING",
+            "engine_core_sentinel.py:81",
+            f"[FT] Busy loop raised {self.fault}. Waiting for recovery.",
+        )
+        rt.log.engine(
+            "INFO",
+            "engine_core_sentinel.py:98",
+            "[FT] Engine 0 status -> UNHEALTHY:\n" + "\n".join(FT_TRACEBACK) + "\n" + error,
+        )
+        for r in [*rt.engine.running, *rt.engine.waiting]:
+            rt.engine.fail(r)
+        rt.engine.hang()
+        if timeout is not None:
+            asyncio.get_running_loop().call_later(timeout, self._no_recovery, timeout)
+
+    def _no_recovery(self, timeout: float) -> None:
+        rt = self.rt
+        if rt.engine.dead:
+            return
+        rt.log.engine(
+            "ERROR", "engine_core_sentinel.py:190", f"[FT] No recovery within {timeout:g}s timeout."
+        )
+        rt.engine.die()
+        if not rt.cfg.keep_alive_on_engine_death:
+            rt.schedule_exit(0, None)
 
     def engine_killed(self) -> None:
         """The EngineCore process was killed (SIGKILL): engine death, exit 0."""

@@ -26,6 +26,10 @@ request (or, for ``preemption``, when it preempts one):
 ``session``        ordinal of its session among distinct sessions seen (0: none)
 ``turn``           its ordinal within its session (0: no session)
 ``preemption``     cumulative preemptions; makes the rule fire on preemptions
+``abort``          cumulative client aborts (a client that went away before its
+                   answer ended); makes the rule fire on aborts, with the
+                   aborted request's values (``exit when abort>=1 and
+                   cached_tokens>=1024``: a KV connector's crash on abort)
 =================  ============================================================
 
 Conditions may also test how the emulator was launched, so that a crash can
@@ -65,6 +69,13 @@ Effects and their parameters (defaults in brackets):
   the 0.32 profile vLLM's watchdog (its next 5 s tick since start-up). ``gpu`` is ``hsa`` (ROCm hard
   fault), ``hip`` (Triton HIP error) or ``cuda``.
 * ``dead``  [gpu]: as ``exit`` but the API stays up (``/health`` 503 forever).
+* ``unhealthy`` [gpu timeout=none]: vLLM's fault tolerance
+  (``--enable-fault-tolerance``): the engine faults but is kept, UNHEALTHY;
+  in-flight requests fail, new ones wait (no more tokens), ``/health`` stays
+  200 and ``GET /fault_tolerance/status`` says ``unhealthy``; nothing exits.
+  After ``timeout`` s without recovery it becomes an ``exit`` (code 0), as
+  vLLM's ``engine_recovery_timeout_sec``. Without ``--enable-fault-tolerance``
+  it is ``exit``, as in vLLM, where such a fault kills the engine.
 * ``hang``  [warn_every=60 timeout=none code=0 api=up]: no more tokens,
   ``/health`` 200; after ``timeout`` s it becomes an ``exit`` with the
   RPC-timeout error. ``api=stall``: the API server's event loop is stuck too
@@ -108,6 +119,7 @@ REQUEST_VARIABLES = (
     "session",
     "turn",
     "preemption",
+    "abort",
 )
 LAUNCH_VARIABLES = (
     "prefix_caching",
@@ -178,6 +190,7 @@ EFFECTS: dict[str, dict[str, tuple[Callable[[str], object], object]]] = {
     "cut": {"scope": (_choice("all", "request"), "all"), "kill": (_bool, False)},
     "slow": {"factor": (float, 10.0), "add": (float, 0.0), "duration": (float, None)},
     "error": {},
+    "unhealthy": {"gpu": (_choice(*GPU_FLAVOURS), None), "timeout": (float, None)},
 }
 
 
@@ -260,8 +273,10 @@ class FaultRule:
 
     @property
     def event(self) -> str:
-        """``preemption`` if a condition is about preemptions, else ``request``."""
-        return "preemption" if any(c.var == "preemption" for c in self.conditions) else "request"
+        """``abort`` if a condition is about client aborts, else ``preemption``
+        if one is about preemptions, else ``request``."""
+        names = {c.var for c in self.conditions}
+        return "abort" if "abort" in names else "preemption" if "preemption" in names else "request"
 
     @property
     def when(self) -> str:

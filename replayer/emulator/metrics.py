@@ -12,12 +12,21 @@ vLLM it also carries the process and GC collectors and ``*_created`` series.
 Labels are ``engine="0"`` and ``model_name`` (the first served name),
 declared in sorted order as prometheus_client prints vLLM's.
 
+With ``--speculative-config`` the ``vllm:spec_decode_*`` counters exist too
+(names and labels as vLLM's ``SpecDecodingProm``): the emulator drafts
+nothing, so each generated token counts as one draft of
+``num_speculative_tokens`` tokens of which a fixed rotation 0, 1, ..., k is
+accepted (see :class:`SpecDecode`); replayer's results must equal the
+counters' deltas, whatever they are.
+
 The engine calls the ``on_*`` hooks; this module never reads engine state.
 After engine death nothing calls them, so gauges keep their last values, as
 vLLM's do.
 """
 
 from __future__ import annotations
+
+import json
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -226,6 +235,70 @@ class _CacheConfigInfo(Collector):
         return [g]
 
 
+def num_speculative_tokens(spec: str | None) -> int | None:
+    """``num_speculative_tokens`` of a ``--speculative-config`` JSON (None:
+    no speculative decoding; 1 where the value is missing or unreadable)."""
+    if spec is None:
+        return None
+    try:
+        value = json.loads(spec).get("num_speculative_tokens", 1)
+        return max(1, int(value))
+    except (ValueError, TypeError, AttributeError):
+        return 1
+
+
+class SpecDecode:
+    """vLLM's speculative-decoding counters, moved by generated tokens."""
+
+    def __init__(self, registry: CollectorRegistry, kv: dict[str, str], k: int) -> None:
+        lab = ["engine", "model_name"]
+        self.k = k
+        self.drafts = Counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", lab, registry=registry
+        ).labels(**kv)
+        self.draft_tokens = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab, registry=registry
+        ).labels(**kv)
+        self.accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Number of accepted tokens.",
+            lab,
+            registry=registry,
+        ).labels(**kv)
+        per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            [*lab, "position"],
+            registry=registry,
+        )
+        self.per_pos = [per_pos.labels(**kv, position=str(p)) for p in range(k)]
+        self._n = 0
+
+    def observe(self, tokens: int) -> None:
+        """``tokens`` generated: one draft each, accepting 0, 1, ..., k in turn."""
+        for _ in range(max(0, tokens)):
+            j = self._n % (self.k + 1)
+            self._n += 1
+            self.drafts.inc()
+            self.draft_tokens.inc(self.k)
+            self.accepted.inc(j)
+            for p in range(j):
+                self.per_pos[p].inc()
+
+
+class _Generated:
+    """``vllm:generation_tokens``, which also drives :class:`SpecDecode`."""
+
+    def __init__(self, counter: Counter, spec: SpecDecode | None) -> None:
+        self.counter = counter
+        self.spec = spec
+
+    def inc(self, amount: float = 1) -> None:
+        self.counter.inc(amount)
+        if self.spec is not None:
+            self.spec.observe(int(amount))
+
+
 class Metrics:
     """The emulator's metric set, pre-bound to its ``engine``/``model_name`` labels."""
 
@@ -293,7 +366,11 @@ class Metrics:
             "source",
             CACHE_SOURCES,
         )
-        self.generation_tokens = counter("vllm:generation_tokens", _HELP["generation"])
+        k = num_speculative_tokens(cfg.speculative_config)
+        self.spec_decode = SpecDecode(r, kv, k) if k is not None else None
+        self.generation_tokens = _Generated(
+            counter("vllm:generation_tokens", _HELP["generation"]), self.spec_decode
+        )
         success = Counter(
             "vllm:request_success",
             _HELP["success"],

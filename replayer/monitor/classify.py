@@ -4,6 +4,14 @@ The evidence is what the client saw on the first failing request, the
 ``/health`` answers after it, whether the process is gone (its exit code when
 we launched it), and the hang watchdog. The rules, in order:
 
+0. ``unhealthy``: the server is alive (the process has not exited, the port
+   answers) and reports a faulted engine that it keeps (vLLM's fault
+   tolerance: ``/fault_tolerance/status`` says ``unhealthy`` after the
+   failure, while ``/health`` may still say 200). Its requests were aborted
+   and new ones wait for an operator's ``retry``, so the stall that follows
+   is this, not a ``hang``. Once the recovery timeout passes vLLM raises and
+   the engine dies: a failure watched past that is ``process_exit`` or
+   ``engine_dead`` by the rules below.
 1. ``hang``: the watchdog saw no token progress on any in-flight request for
    the stall timeout (past every pending prefill's allowance) while the
    server stayed reachable (``/health`` 200, or every recent probe timed out:
@@ -53,6 +61,8 @@ class FailureClass(StrEnum):
     STREAM_CUT = "stream_cut"
     HTTP_5XX_OTHER = "http_5xx_other"
     CLIENT_ERROR = "client_error"
+    UNHEALTHY = "unhealthy"
+    """The server reports a faulted engine it keeps, alive (vLLM fault tolerance)."""
     NETWORK = "network"
     """The way to a healthy target failed (see the module docstring)."""
 
@@ -125,6 +135,9 @@ def classify(ev: Evidence) -> FailureClass:
     healthy_at_end = bool(probes) and probes[-1].ok
     if network_failed(ev):
         return FailureClass.NETWORK
+    dead = ev.process_exited or refused or any(p.engine == "dead" for p in probes)
+    if not dead and any(p.unhealthy for p in probes):
+        return FailureClass.UNHEALTHY
     if ev.hang or (ev.error_class == "timeout" and healthy_at_end):
         return FailureClass.HANG
     if ev.process_exited or refused or ev.error_class == "connect":

@@ -239,6 +239,14 @@ class MetricsScraper:
         a, b = counter_sum(first.text, name), counter_sum(last.text, name)
         return None if a is None or b is None else b - a
 
+    def spec_decode(self, url: str) -> dict[str, Any] | None:
+        """Speculative decoding over the run (first to last scrape of ``url``):
+        see :func:`spec_decode_figures`."""
+        first, last = self.first.get(url), self.last.get(url)
+        if first is None or last is None or first is last:
+            return None
+        return spec_decode_figures(first.text, last.text)
+
     def before(self, t: float) -> dict[str, Scrape]:
         """The last scrape of each source taken at or before ``t``."""
         out: dict[str, Scrape] = {}
@@ -260,6 +268,59 @@ def counter_sum(text: str, name: str) -> float | None:
     except ValueError:
         return None
     return total if seen else None
+
+
+SPEC_DECODE_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+}
+"""vLLM's speculative-decoding counters (``vllm/v1/spec_decode/metrics.py``):
+present only on a server launched with ``--speculative-config``."""
+SPEC_DECODE_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+"""Accepted tokens by draft position (label ``position``, 0-based)."""
+
+
+def counter_by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """Samples named ``name`` summed by the value of ``label`` (other labels,
+    such as ``engine``, summed over)."""
+    out: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name and label in s.labels:
+                    key = s.labels[label]
+                    out[key] = out.get(key, 0.0) + s.value
+    except ValueError:
+        return {}
+    return out
+
+
+def spec_decode_figures(first: str, last: str) -> dict[str, Any] | None:
+    """Draft and accepted tokens between two expositions of one server, and
+    what vLLM derives from them: the acceptance rate (accepted / draft
+    tokens), the mean acceptance length (1 + accepted / drafts: the bonus
+    token included, as vLLM logs it) and accepted tokens per draft position.
+    None when the server exposes no speculative-decoding counters (it was
+    not launched with it)."""
+    got: dict[str, float] = {}
+    for key, name in SPEC_DECODE_COUNTERS.items():
+        a, b = counter_sum(first, name), counter_sum(last, name)
+        if b is None:
+            return None
+        got[key] = b - (a or 0.0)
+    pos_a = counter_by_label(first, SPEC_DECODE_PER_POSITION, "position")
+    pos_b = counter_by_label(last, SPEC_DECODE_PER_POSITION, "position")
+    positions = sorted(pos_b, key=lambda p: int(p) if p.isdigit() else 1 << 30)
+    drafts, drafted, accepted = (int(got[k]) for k in SPEC_DECODE_COUNTERS)
+    return {
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+        "accepted_per_position": [int(pos_b[p] - pos_a.get(p, 0.0)) for p in positions],
+    }
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

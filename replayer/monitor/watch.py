@@ -201,8 +201,17 @@ class TargetWatch:
 
     async def _health_loop(self) -> None:
         c = self.config
+        unhealthy = 0
         while not self._stop.is_set():
             p = await self.health.probe()
+            unhealthy = unhealthy + 1 if p.unhealthy else 0
+            if self.failed_at is None and unhealthy >= c.health_failures:
+                self.on_failure(
+                    "health",
+                    f"engine unhealthy ({p.fault or 'no fault info'}): "
+                    f"/fault_tolerance/status on {c.health_failures} probes in a row, "
+                    f"/health {p.status}",
+                )
             if (
                 self.failed_at is None
                 and self.health.consecutive_failures >= c.health_failures
@@ -337,6 +346,12 @@ class TargetWatch:
         if hits is None or queries is None:
             return None
         return {"hits": hits, "queries": queries}
+
+    def spec_decode(self) -> dict[str, Any] | None:
+        """Speculative-decoding figures over the run from the server's own
+        counters (None: it exposes none); after a failure, up to the last
+        scrape that got through."""
+        return self.scraper.spec_decode(self.metrics_url)
 
     def _idle(self, at: float) -> bool | None:
         """Whether the target's own metrics, scraped after ``at``, show no

@@ -216,7 +216,12 @@ async def replay_to_dir(
 
     targets_summary = {
         name: summarize_target(
-            run.results, run.failure, run.report, run.prefix_cache, api_of=api_of
+            run.results,
+            run.failure,
+            run.report,
+            run.prefix_cache,
+            api_of=api_of,
+            spec_decode=run.spec_decode,
         )
         for name, run in replay.runs.items()
     }
