@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from replayer.errors import DiskFullError, OutputError, UsageError
+
+T = TypeVar("T")
 
 _NO_SPACE = {
     errno.ENOSPC: "no space left on device",
@@ -89,6 +92,62 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     it was and no temporary (one :class:`~replayer.errors.OutputError`)."""
     with atomic_output(path, force=True) as tmp:
         tmp.write_bytes(data)
+
+
+def load_entries(path: Path, flag: str, table: str) -> list[Any]:
+    """The entries of a user's list file (``--vary``'s variants, ``bundle
+    diagnose``'s profiles): TOML ``[[table]]`` tables or a JSON list, read by
+    :func:`parse_json_or_toml`; a file that is none of those is one
+    :class:`~replayer.errors.UsageError` naming ``flag`` and the file."""
+    where = f"{flag} {path}"
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{where}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = parse_json_or_toml(path, text)
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    if isinstance(data, dict):
+        data = data.get(table, data.get(f"{table}s"))
+    if not isinstance(data, list) or not data:
+        raise UsageError(f"{where}: expected [[{table}]] tables (TOML) or a list of objects (JSON)")
+    return data
+
+
+def shipped_named(spec: str, shipped: Mapping[str, T], flag: str, what: str) -> list[T]:
+    """The entries of a shipped list that ``default:NAME,NAME`` names, in
+    its order; an unknown or missing name is one
+    :class:`~replayer.errors.UsageError` listing what there is."""
+    names = [n.strip() for n in spec[len("default:") :].split(",") if n.strip()]
+    bad = [n for n in names if n not in shipped]
+    if bad or not names:
+        raise UsageError(
+            f"{flag} {spec}: no shipped {what} {', '.join(bad) or '(none named)'}; "
+            f"have {', '.join(shipped)}"
+        )
+    return [shipped[n] for n in names]
+
+
+ENTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+"""A list entry's name: a word (letters, digits, - _ . +)."""
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def named_entry(entry: object, where: str, what: str, keys: Sequence[str]) -> tuple[str, str]:
+    """The name of one entry of a user's list file (a ``[[variant]]`` or
+    ``[[profile]]`` table or JSON object), and ``where`` naming it for the
+    next error; anything but an object of known keys with a word for its
+    name is one :class:`~replayer.errors.UsageError`."""
+    if not isinstance(entry, Mapping):
+        raise UsageError(f"{where}: each {what} must be a table/object")
+    unknown = sorted(set(entry) - set(keys))
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (have {', '.join(keys)})")
+    name = entry.get("name")
+    if not isinstance(name, str) or not ENTRY_NAME.match(name):
+        raise UsageError(f"{where}: 'name' must be a word (letters, digits, - _ . +)")
+    return name, f"{where} ({name})"
 
 
 def parse_json_or_toml(path: Path, text: str) -> object:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from replayer.api._analysis import compare, report, sweep, sweep_sync
 from replayer.api._bisect import FromRun, OracleFunction, bisect, bisect_sync, from_run
 from replayer.api._common import DEFAULT_WATCH
+from replayer.api._diagnose import DiagnoseResult, diagnose_bundle, diagnose_bundle_sync
 from replayer.api._replay import (
     check,
     check_sync,
@@ -52,6 +53,7 @@ from replayer.session import open_trace
 __all__ = [
     "DEFAULT_WATCH",
     "CheckResult",
+    "DiagnoseResult",
     "Endpoint",
     "FromRun",
     "EndpointResult",
@@ -69,6 +71,8 @@ __all__ = [
     "check_sync",
     "compare",
     "convert",
+    "diagnose_bundle",
+    "diagnose_bundle_sync",
     "emulate",
     "export",
     "from_run",

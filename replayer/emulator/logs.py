@@ -40,6 +40,9 @@ CUDA_HINTS = [
     "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
     "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
 ]
+FAULT_KERNEL = ("mla_decode_kernel", "aiter/mla.py", 187)
+"""The kernel a GPU fault names when kernels are serialized: its name, and
+the file and line of its launch."""
 SHM_WARNING = (
     "No available shared memory broadcast block found in {s:g} seconds. This typically "
     "happens when some processes are hanging or doing some time-consuming work (e.g. "
@@ -245,6 +248,24 @@ class ServerLog:
 
     # -- crashes ----------------------------------------------------------------
 
+    def _fault_site(self, gpu: str, wname: str, wpid: int) -> list[str]:
+        """Where the fault happened, when the launch waits for each kernel
+        (``AMD_SERIALIZE_KERNEL=3``, ``CUDA_LAUNCH_BLOCKING=1``): the HIP
+        runtime's dispatch line naming :data:`FAULT_KERNEL`, written now, and
+        the traceback frame of its launch (empty when kernels run async)."""
+        platform = "cuda" if gpu == "cuda" else "rocm"
+        if platform not in self.cfg.kernel_sync.split(","):
+            return []
+        kernel, path, line = FAULT_KERNEL
+        if platform == "rocm":
+            self.raw(
+                wname,
+                wpid,
+                ":3:rocvirtual.cpp           :3135: 7283490196 us: [pid:"
+                f"{wpid} tid:0x7f3f4affd700] ShaderName : {kernel}",
+            )
+        return _frame(path, line, "mla_decode_fwd", f"{kernel}[grid](q, kv_buffer, o, kv_indptr)")
+
     def crash(self, gpu: str, dump: BatchDump, *, timeout: bool = False) -> None:
         """The whole engine-death sequence, worker to API server."""
         rank = self.cfg.tensor_parallel_size - 1 if self.cfg.tensor_parallel_size > 1 else 0
@@ -253,12 +274,19 @@ class ServerLog:
             root = "TimeoutError: RPC call to execute_model timed out."
         elif gpu == "hsa":
             node = 2 + rank
+            site = self._fault_site(gpu, wname, wpid)
             self.raw(
                 wname,
                 wpid,
                 f"Memory access fault by GPU node-{node} (Agent handle: 0x55d0c8a1e2f0) on "
                 "address 0x7f2a3c000000. Reason: Unknown.",
             )
+            if site:  # the abort finds the launching thread waiting on its kernel
+                abort = ["Fatal Python error: Aborted", ""]
+                abort += ["Thread 0x00007f3f4affd700 (most recent call first):"]
+                abort += [f.replace(", in ", " in ") for f in site[::2]]
+                for text in abort:
+                    self.raw(wname, wpid, text)
             self.engine(
                 "ERROR",
                 "multiproc_executor.py:380",
@@ -268,6 +296,7 @@ class ServerLog:
             root = "RuntimeError: Executor failed."
         else:
             err = HIP_ERROR if gpu == "hip" else CUDA_ERROR
+            site = self._fault_site(gpu, wname, wpid)
             tb = ["WorkerProc hit an exception.", "Traceback (most recent call last):"]
             tb += _frame(
                 "vllm/v1/executor/multiproc_executor.py",
@@ -294,6 +323,7 @@ class ServerLog:
                     "mla_gluon",
                     "kernel[grid](*args, **meta)",
                 )
+                tb += site
                 tb.append(f"RuntimeError: {err}")
             else:
                 tb += _frame(
@@ -302,6 +332,7 @@ class ServerLog:
                     "_prepare_inputs",
                     "self.input_batch.block_table.commit_block_table(num_reqs)",
                 )
+                tb += site
                 tb.append(f"torch.AcceleratorError: {err}")
                 tb += CUDA_HINTS
             self.line(wname, "ERROR", "multiproc_executor.py:1189", "\n".join(tb), wpid)

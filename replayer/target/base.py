@@ -393,7 +393,7 @@ class ServerTarget:
 
     async def facts(self) -> ServerFacts:
         async with self._client(timeout=max(self.probe_timeout, 10.0)) as client:
-            return await gather_facts(client, self.url, self._command_facts())
+            return await gather_facts(client, self.url, self._command_facts(), log=self.read_log())
 
 
 def _success(resp: httpx.Response) -> bool:

@@ -11,9 +11,16 @@ import pytest
 from replayer.target.facts import (
     ServerFacts,
     cache_config_labels,
+    cache_identity,
+    container_of,
     gather_facts,
+    hardware_lines,
+    is_secret,
+    pip_packages,
     redact_command,
+    redact_facts,
     relevant_env,
+    server_python,
 )
 from tests.helpers.target import MODEL
 
@@ -125,6 +132,11 @@ async def test_facts_of_a_launched_server(launched):
     assert "VLLM_SECRET_THING" not in got_env
     assert got_env == relevant_env({**os.environ, **env})
     assert facts.to_dict()["version"] == "0.33.0"
+    # a local launch: its own interpreter lists its packages, and the caches are read here
+    assert facts.packages is not None and "aiohttp" in facts.packages
+    assert str(facts.packages_from).startswith("the server's interpreter (")
+    assert [c["name"] for c in facts.jit_caches] == ["aiter", "triton", "torchinductor", "vllm"]
+    assert facts.container is None
 
 
 @pytest.mark.e2e
@@ -176,6 +188,9 @@ async def test_gather_facts_from_odd_answers():
                 "HTTP 404 (dev mode off: VLLM_SERVER_DEV_MODE=1 enables it)"
             ),
             "/metrics": "no vllm:cache_config_info",
+            "packages": (
+                "not a local launch, and no /server_info (VLLM_SERVER_DEV_MODE=1 enables it)"
+            ),
         },
     )
 
@@ -188,4 +203,173 @@ async def test_gather_facts_from_odd_answers():
         "/v1/models": "HTTP 503",
         "/server_info?config_format=json": "HTTP 503",
         "/metrics": "HTTP 503",
+        "packages": "not a local launch, and no /server_info (VLLM_SERVER_DEV_MODE=1 enables it)",
     }
+
+
+@pytest.mark.inprocess
+def test_the_new_families_and_one_secret_rule():
+    env = {
+        "HSA_XNACK": "0",
+        "AMD_SERIALIZE_KERNEL": "3",
+        "PYTORCH_HIP_ALLOC_CONF": "expandable_segments:True",
+        "LMCACHE_CHUNK_SIZE": "256",
+        "MC_TE_METRIC": "1",
+        "NCCL_MIN_NCHANNELS": "16",
+        "LMCACHE_REMOTE_AUTH": "x",
+        "MC_COOKIE": "x",
+        "PYTORCH_CREDENTIALS": "x",
+        "HSA_API_KEY": "x",
+        "VLLM_MAX_TOKENS_PER_BATCH": "8",
+        "HOME": "/root",
+    }
+    assert relevant_env(env) == {
+        "AMD_SERIALIZE_KERNEL": "3",
+        "HSA_XNACK": "0",
+        "LMCACHE_CHUNK_SIZE": "256",
+        "MC_TE_METRIC": "1",
+        "NCCL_MIN_NCHANNELS": "16",
+        "PYTORCH_HIP_ALLOC_CONF": "expandable_segments:True",
+        "VLLM_MAX_TOKENS_PER_BATCH": "8",
+    }
+    # one rule for names, in env and in commands: the value never leaves
+    assert [is_secret(n) for n in ("--max-num-batched-tokens", "--tokenizer", "AUTHORIZATION")] == [
+        False,
+        False,
+        True,
+    ]
+    assert redact_command(
+        "MC_AUTH=a LMCACHE_COOKIE=b vllm serve m --max-num-batched-tokens 8192 --enforce-eager "
+        "--api-key k --credential-file=f"
+    ) == (
+        "MC_AUTH=*** LMCACHE_COOKIE=*** vllm serve m --max-num-batched-tokens 8192 "
+        "--enforce-eager --api-key *** --credential-file=***"
+    )
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize(
+    ("cmd", "want"),
+    [
+        (
+            "docker run --rm -it --gpus all -e X=1 -v /a:/b --network=host "
+            "rocm/vllm-dev@sha256:0123abcd vllm serve m",
+            {
+                "runtime": "docker",
+                "image": "rocm/vllm-dev@sha256:0123abcd",
+                "digest": "sha256:0123abcd",
+            },
+        ),
+        (
+            "sh -c 'podman run -d --device /dev/kfd rocm/vllm:v0.9 vllm serve m'",
+            {"runtime": "podman", "image": "rocm/vllm:v0.9", "digest": None},
+        ),
+        (
+            "apptainer exec --rocm -B /x:/y /img/vllm.sif vllm serve m",
+            {"runtime": "apptainer", "image": "/img/vllm.sif", "digest": None},
+        ),
+        (
+            "srun -N1 --container-image=nvcr.io/nvidia/vllm:25.01 vllm serve m",
+            {"runtime": "srun", "image": "nvcr.io/nvidia/vllm:25.01", "digest": None},
+        ),
+        ("VLLM_X=1 vllm serve m --port 8000", None),
+        ("docker restart vllm", None),
+    ],
+)
+def test_container_of_the_launch(cmd, want):
+    assert container_of(cmd) == want
+
+
+@pytest.mark.inprocess
+def test_hardware_lines_from_a_server_log():
+    log = "\n".join(
+        [
+            "(APIServer pid=1) INFO 12-01 10:00:00 [__init__.py:291] Automatically detected "
+            "platform rocm.",
+            "(EngineCore pid=2) INFO 12-01 10:00:01 [core.py:90] something else",
+            "node1:2:2 [0] NCCL INFO RCCL version 2.21.5+hip6.3 HEAD:a5e3f71",
+            "node1:2:2 [0] NCCL INFO ROCr version 1.14",
+            "(Worker pid=3) WARNING 12-01 10:00:02 [fused_moe.py:1164] Using default MoE "
+            "config. Config file not found at E=8,N=512,device_name=AMD_Instinct_MI355X.json",
+            "(APIServer pid=1) INFO 12-01 10:00:03 [__init__.py:291] Automatically detected "
+            "platform rocm.",
+            "amdgpu firmware: SMC 0x00556400",
+        ]
+    )
+    assert hardware_lines(log) == [
+        "Automatically detected platform rocm.",
+        "node1:2:2 [0] NCCL INFO RCCL version 2.21.5+hip6.3 HEAD:a5e3f71",
+        "node1:2:2 [0] NCCL INFO ROCr version 1.14",
+        "Using default MoE config. Config file not found at "
+        "E=8,N=512,device_name=AMD_Instinct_MI355X.json",
+        "amdgpu firmware: SMC 0x00556400",
+    ]
+
+
+@pytest.mark.inprocess
+def test_cache_identity_and_packages_from_server_info(tmp_path):
+    d = tmp_path / "triton"
+    (d / "ab").mkdir(parents=True)
+    (d / "ab" / "k.hsaco").write_bytes(b"x" * 10)
+    (d / "k.json").write_bytes(b"{}")
+    os.utime(d / "k.json", (1_700_000_000, 1_700_000_000))
+    os.utime(d / "ab" / "k.hsaco", (1_600_000_000, 1_600_000_000))
+    assert cache_identity(d) == {
+        "path": str(d),
+        "exists": True,
+        "files": 2,
+        "bytes": 12,
+        "newest": "2023-11-14T22:13:20Z",
+    }
+    assert cache_identity(tmp_path / "none") == {"path": str(tmp_path / "none"), "exists": False}
+    info = {"system_env": {"pip_packages": "[pip3] numpy==2.2.6\n[pip3] torch==2.9.0+rocm7.0\n"}}
+    assert pip_packages(info) == {"numpy": "2.2.6", "torch": "2.9.0+rocm7.0"}
+    assert pip_packages({"system_env": {}}) is None
+
+
+@pytest.mark.inprocess
+def test_server_python_reads_the_script_shebang(tmp_path):
+    py = tmp_path / "bin" / "python3.11"
+    py.parent.mkdir()
+    py.write_text("")
+    py.chmod(0o755)
+    script = tmp_path / "bin" / "vllm"
+    script.write_text(f"#!{py}\nimport sys\n")
+    script.chmod(0o755)
+    path = {"PATH": str(tmp_path / "bin")}
+    assert server_python("VLLM_X=1 vllm serve m", path) == py
+    assert server_python(f"{py} -m vllm.entrypoints.openai.api_server", path) == py
+    assert server_python("nope serve m", path) is None
+
+
+@pytest.mark.inprocess
+def test_a_bundle_never_ships_a_launch_secret(tmp_path):
+    launch = "HF_TOKEN=hf_x VLLM_X=1 vllm serve m --api-key sk-1 --max-num-batched-tokens 8192"
+    facts = {"launch": launch, "command": {"kind": "launch", "launch": launch}}
+    assert redact_facts(facts) == {
+        "launch": "HF_TOKEN=*** VLLM_X=1 vllm serve m --api-key *** --max-num-batched-tokens 8192",
+        "command": {
+            "kind": "launch",
+            "launch": "HF_TOKEN=*** VLLM_X=1 vllm serve m --api-key *** "
+            "--max-num-batched-tokens 8192",
+        },
+    }
+    assert facts["launch"] == launch  # the caller's facts are left as they were
+    from replayer.bundle.export import write_bundle
+    from replayer.trace import Trace
+    from replayer.trace.synth import SynthOptions, write_trace
+
+    p = tmp_path / "t.arrow"
+    write_trace(p, SynthOptions(sessions=1, turns=2, context=3_000, max_tokens=4, seed=9))
+    t = Trace.open(p)
+    b = write_bundle(
+        tmp_path / "bundle",
+        trace=t,
+        trace_sha256="x" * 64,
+        rows=t.order,
+        manifest={"policy": {"timing": "asap"}, "signature": None, "target": facts},
+    )
+    for name in ("manifest.json", "README.md"):
+        text = (b / name).read_text()
+        assert "hf_x" not in text and "sk-1" not in text, name
+    assert "--max-num-batched-tokens 8192" in (b / "README.md").read_text()
