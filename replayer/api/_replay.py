@@ -132,7 +132,11 @@ async def _replay_launched(
         )  # fmt: skip
     summary = res.run.summary
     if res.signature is not None:
-        summary["targets"][name]["failure"]["signature"] = res.signature.to_dict()
+        from replayer.replay.summary import name_failing
+
+        sent = res.run.replay.runs[name].results if res.run.replay else []
+        seqs = {r.request_id: r.seq for r in sent if r.seq is not None}
+        name_failing(summary["targets"][name]["failure"], res.signature, seqs)
         with writing(run_dir / "summary.json"):
             (run_dir / "summary.json").write_bytes(
                 orjson.dumps(summary, option=orjson.OPT_INDENT_2)

@@ -38,6 +38,10 @@ What a signature is made of:
 * the **exit** status and the **failure class** (given by the caller).
 * the **suspects**: request ids of the failing batch in vLLM's scheduler
   dump, mapped back to the client's ``X-Request-Id``.
+* the **failing request**: the one the server was processing when it
+  failed, by the server's own evidence (:func:`failing_request`), which the
+  client cannot give: every stream in flight sees an engine death at once,
+  and the first to report it is a matter of timing.
 
 What the hash covers, and why:
 
@@ -94,7 +98,7 @@ import hashlib
 import json
 import re
 import signal as _signal
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from replayer.errors import OptionError
@@ -105,6 +109,7 @@ from replayer.monitor.logs import (
     SPACE,
     TIMESTAMP,
     Frame,
+    LogLine,
     Traceback,
     find_events,
     gpu_errors,
@@ -131,6 +136,7 @@ FAILURE_CLASSES = (
     "stream_cut",
     "http_5xx_other",
     "client_error",
+    "unhealthy",
 )
 
 # -- normalization ---------------------------------------------------------------------
@@ -280,6 +286,61 @@ def client_request_id(engine_id: str, known: Collection[str] | None = None) -> s
     return stripped
 
 
+# -- the failing request -----------------------------------------------------------------
+
+FAULT_MARKER = "replayer-fault: "
+"""The crash plugin's decision lines (:mod:`replayer.testing.vllm_plugin`)."""
+FAILING_EVIDENCE = {
+    "fault": "the injected fault's own record",
+    "scheduler dump": "the only request the failing step first scheduled (vLLM's scheduler dump)",
+}
+"""What can name the failing request, strongest first, and how to say it."""
+
+
+def fired_faults(lines: Iterable[LogLine]) -> list[str]:
+    """Engine request ids an injected fault fired on (the crash plugin's
+    ``replayer-fault:`` lines with ``fired``), in log order; ``slow`` left
+    out (it slows, it does not fail)."""
+    out = []
+    for ln in lines:
+        _, marker, tail = ln.msg.partition(FAULT_MARKER)
+        if not marker:
+            continue
+        try:
+            rec = json.loads(tail)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("fired") is not True or rec.get("effect") == "slow":
+            continue
+        rid = rec.get("request_id")
+        if isinstance(rid, str) and rid:
+            out.append(rid)
+    return out
+
+
+def failing_request(
+    lines: Sequence[LogLine], known: Collection[str] = ()
+) -> tuple[str, str] | None:
+    """(client request id, evidence) of the request the server was
+    processing when it failed, or None when its log does not single one out.
+
+    Strongest first: an injected fault's own record of the request it fired
+    on (the last before the end: the one that failed the server); else the
+    first scheduler dump (the step that failed), where exactly one request
+    was scheduled for the first time (the others had run through earlier
+    steps unharmed), or the batch was that one request. A batch of several
+    new requests names none: they arrived together, and any could be it."""
+    fired = fired_faults(lines)
+    if fired:
+        return client_request_id(fired[-1], known), "fault"
+    dumps = scheduler_dumps(list(lines))
+    if dumps:
+        new = [r for r in dumps[0] if r.new] or list(dumps[0])
+        if len(new) == 1:
+            return client_request_id(new[0].engine_id, known), "scheduler dump"
+    return None
+
+
 # -- the signature ---------------------------------------------------------------------
 
 
@@ -348,6 +409,11 @@ class Signature:
     log_hash: str = ""
     """The hash without the exit status (a version-1 signature's hash); empty
     when built: taken to be :attr:`hash`."""
+    failing: str | None = None
+    """The client request id the server was processing when it failed
+    (:func:`failing_request`); None when its log does not single one out."""
+    failing_evidence: str | None = None
+    """What named :attr:`failing` (:data:`FAILING_EVIDENCE`'s keys)."""
 
     def __post_init__(self) -> None:
         if not self.log_hash:
@@ -378,6 +444,8 @@ class Signature:
             "suspects": list(self.suspects),
             "computed_tokens": dict(self.computed_tokens),
             "text": self.text,
+            "failing_request": self.failing,
+            "failing_evidence": self.failing_evidence,
         }
 
     @classmethod
@@ -417,6 +485,8 @@ class Signature:
             computed_tokens={str(k): int(v) for k, v in tokens.items()},
             coarse_hash=str(d.get("coarse_hash", "")),
             text=str(d.get("text", "")),
+            failing=opt("failing_request"),
+            failing_evidence=opt("failing_evidence"),
         )
 
 
@@ -481,6 +551,7 @@ def signature_from_log(
             if req.num_computed_tokens is not None:
                 computed.setdefault(rid, req.num_computed_tokens)
 
+    failing = failing_request(lines, known)
     sole_evidence = root is None and not gpu and not hashed_events
     stable = {
         "v": LOG_HASH_VERSION,
@@ -506,6 +577,8 @@ def signature_from_log(
         computed_tokens=computed,
         coarse_hash=coarse,
         text=_text(failure_class, exception, message, frames, gpu, events, exit),
+        failing=failing[0] if failing else None,
+        failing_evidence=failing[1] if failing else None,
     )
 
 

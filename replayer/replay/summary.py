@@ -10,9 +10,10 @@ the first dispatch to the last completion.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from replayer.monitor.signature import FAILING_EVIDENCE, Signature
 from replayer.monitor.watch import FailureReport
 from replayer.replay.accounting import Failure
 from replayer.replay.client import is_client_error
@@ -72,8 +73,11 @@ def summarize_target(
     report: FailureReport | None = None,
     prefix_cache: dict[str, float] | None = None,
     api_of: Callable[[Result], str] | None = None,
+    spec_decode: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``api_of`` (the API of a result's request) adds ``by_api``."""
+    """``api_of`` (the API of a result's request) adds ``by_api``;
+    ``spec_decode`` is the server's speculative-decoding figures over the run
+    (:func:`replayer.monitor.metrics.spec_decode_figures`)."""
     counts = Counter(r.status.value for r in results)
     sent = [r for r in results if r.seq is not None]
     ok = [r for r in sent if r.status is Status.OK]
@@ -115,6 +119,7 @@ def summarize_target(
         "exercised": exercised(len(sent), len(rejected)),
         "first_rejection": _rejection(min(rejected, key=_seq)) if rejected else None,
         **_cached(ok, prefix_cache, failed=failure is not None),
+        "spec_decode": _spec_decode(spec_decode, failed=failure is not None),
         **({"by_api": by_api(results, api_of)} if api_of is not None else {}),
     }
 
@@ -165,10 +170,32 @@ def _cached(
     return {"cached_tokens": None, "cached_tokens_source": None, "prefix_cache_hit_ratio": None}
 
 
+def _spec_decode(figures: dict[str, Any] | None, *, failed: bool) -> dict[str, Any] | None:
+    """Drafts and acceptance from the server's ``vllm:spec_decode_*`` counters
+    (per run: vLLM counts them per engine, not per request); None when the
+    server has no speculative decoding or no metrics."""
+    if figures is None:
+        return None
+    return {**figures, "source": "metrics_before_failure" if failed else "metrics"}
+
+
+def spec_decode_text(s: dict[str, Any]) -> str:
+    """One line: draft and accepted tokens and the acceptance rate."""
+    rate = s.get("acceptance_rate")
+    length = s.get("mean_acceptance_length")
+    return (
+        f"speculative decoding: {s['accepted_tokens']:,} of {s['draft_tokens']:,} draft tokens "
+        f"accepted ({'-' if rate is None else f'{rate:.1%}'}) over {s['drafts']:,} drafts"
+        + ("" if length is None else f", mean acceptance length {length:.2f}")
+    )
+
+
 def _failure(failure: Failure | None, report: FailureReport | None) -> dict[str, Any] | None:
     if failure is None:
         return None
     out = failure.to_dict()
+    if out["request_id"] is not None:
+        out["request_from"] = "client"  # the first to see it: see name_failing
     if report is not None:
         r = report.to_dict()
         out["class"] = r.pop("class")
@@ -176,6 +203,45 @@ def _failure(failure: Failure | None, report: FailureReport | None) -> dict[str,
             out["message"] = r["message"]  # the request's error, and why it is not a crash
         out.update({k: v for k, v in r.items() if k not in out})
     return out
+
+
+def name_failing(failure: dict[str, Any], sig: Signature, seqs: Mapping[str, int | None]) -> None:
+    """Put the server's signature into a failure (``summary.json``'s), and
+    name the failing request by the server's own evidence where its log gives
+    it (:func:`~replayer.monitor.signature.failing_request`): every stream in
+    flight sees an engine death at once, so the request the replay saw fail
+    first (``request_from: client``) is often not the one the server was
+    processing. That one is then listed in flight with the others, and
+    ``first_seen_on`` keeps it. ``seqs``: the run's sent requests, by id."""
+    failure["signature"] = sig.to_dict()
+    rid = sig.failing
+    if rid is None or rid not in seqs:
+        return
+    first = failure.get("request_id")
+    failure["request_from"] = sig.failing_evidence
+    if rid == first:
+        return
+    inflight = [r for r in failure.get("inflight") or () if r not in (rid, first)]
+    failure.update(
+        request_id=rid,
+        seq=seqs[rid],
+        first_seen_on=first,
+        inflight=([first] if first is not None else []) + inflight,
+    )
+
+
+def _failing_text(f: dict[str, Any]) -> str:
+    """The failure's request, and what named it."""
+    rid = f.get("request_id")
+    if not rid:
+        return ""
+    seq = f" (#{f['seq']})" if f.get("seq") is not None else ""
+    why = FAILING_EVIDENCE.get(f.get("request_from") or "")
+    if why is not None:
+        return f" on request {rid}{seq}, by {why}"
+    if f.get("inflight"):  # one of several: the client cannot tell which
+        return f" first seen on request {rid}{seq}"
+    return f" on request {rid}{seq}"
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -196,7 +262,7 @@ def render(summary: dict[str, Any]) -> str:
         if t["failure"]:
             f = t["failure"]
             cls = f" [{f['class']}]" if f.get("class") else ""
-            on = f" on request {f['request_id']} (#{f['seq']})" if f["request_id"] else ""
+            on = _failing_text(f)
             lines.append(
                 f"  failure{cls}: {f['kind']} at {f['at_s']:.3f} s{on}: {f['message'][:200]}"
             )
@@ -216,6 +282,8 @@ def render(summary: dict[str, Any]) -> str:
                     "scrape before the failure",
                 }.get(t["cached_tokens_source"], "")
             )
+        if t.get("spec_decode"):
+            lines.append("  " + spec_decode_text(t["spec_decode"]))
         lines.append(f"  ttft {_dist_text(t['ttft_ms'])}")
         lines.append(f"  e2e  {_dist_text(t['e2e_ms'])}")
         lines.append(f"  lag  {_dist_text(t['lag_ms'])}")

@@ -38,7 +38,7 @@ from replayer.options.replay import ReplayPolicy, Selection
 from replayer.options.server import Server
 from replayer.replay.client import Endpoint, is_client_error
 from replayer.replay.run import EXIT_UNREACHABLE, RunOutcome, replay_to_dir
-from replayer.replay.summary import rejection_text
+from replayer.replay.summary import name_failing, rejection_text
 from replayer.session.pool import Pool, build_slots
 from replayer.session.slot import OWNER_ENV, Slot, owner_token
 from replayer.session.verdict import Chase, NotExercised, Outcome, TrialResult
@@ -396,6 +396,9 @@ class Session:
                 (out / "signature.json").write_bytes(
                     orjson.dumps(sig.to_dict(), option=orjson.OPT_INDENT_2)
                 )
+            # the request the server was processing, where its log says so
+            sent_results = run.replay.runs[slot.name].results if run.replay else []
+            name_failing(f, sig, {r.request_id: r.seq for r in sent_results if r.seq is not None})
         outcome = Outcome.MATCH if chase.matches(sig, cls) else Outcome.OTHER_FAILURE
         return TrialResult(
             outcome,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from replayer.bundle.export import write_bundle
 from replayer.trace import Trace
 from replayer.trace.synth import SynthOptions, write_trace
@@ -26,4 +29,16 @@ def make_bundle(tmp_path, policy=None):
             "prefix_length": 6,
         },
         trials=[{"trial": 1}],
+    )
+
+
+def run_repro(bundle, url, *args):
+    """A bundle's ``repro.py`` as a stranger runs it: ``-I -S`` (isolated, no
+    site-packages: the standard library alone), from ``/``."""
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(bundle / "repro.py"), "--url", url, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
     )
