@@ -137,7 +137,13 @@ FIVE_TRIGGERS = "exit after=0.1 when request>=40 and request<=44 p=0.5"
 full trace crashes 97% of runs, the minimal prefix (40) 50%."""
 
 
-def flaky(tmp: Path, runs: int, fault: str = ONE_TRIGGER) -> dict[str, Any]:
+CHANCES = "exit after=0.1 when request>=35 p=0.3"
+"""One flaky trigger at the 35th request, each later request another chance
+(the issue's independent fault server): the full trace crashes on nearly
+every run, a prefix of 35 on 30 % of them."""
+
+
+def flaky(tmp: Path, runs: int, fault: str = ONE_TRIGGER, exact_at: int = 40) -> dict[str, Any]:
     from replayer.bisect.pipeline import BisectOptions
     from replayer.trace.synth import SynthOptions, write_trace
 
@@ -180,7 +186,7 @@ def flaky(tmp: Path, runs: int, fault: str = ONE_TRIGGER) -> dict[str, Any]:
         out = tmp / f"flaky-{abs(hash(fault)) % 1000}-{seed}"
         b, res, _, _ = asyncio.run(_bisect(trace_path, out, launch, opts, "asap"))
         found.append(b.prefix_length)
-        exact += b.prefix_length == 40
+        exact += b.prefix_length == exact_at
         trials.append(len(b.oracle.history()))
         print(
             f"  flaky run {seed + 1}/{runs}: prefix {b.prefix_length} in {trials[-1]} trials",
@@ -324,6 +330,47 @@ def simulated_triggers(seeds: int) -> dict[str, Any]:
     return out
 
 
+def simulated_chances(seeds: int) -> dict[str, Any]:
+    """One flaky trigger at a seeded position, each later request another
+    chance at the same p (the failure seen ``lag`` requests late), on the
+    fake runner: the prefix stage as the pipeline runs it."""
+    import random
+
+    from replayer.bisect.oracle import Candidate, Oracle
+    from replayer.testing.fakes import FakeRunner
+
+    async def one(d: Path, seed: int, n: int, p: float, lag: int) -> Any:
+        rng = random.Random(seed)
+        trig = rng.randrange(n // 4, n - 5)
+        runner = FakeRunner(
+            frozenset(), p=p, seed=seed, triggers=frozenset(range(trig, n)), lag=lag
+        )
+        o = Oracle(runner, d / f"{seed}-{n}-{p}-{lag}.jsonl")
+        if not await _calibrated(o, runner, Candidate(tuple(range(n)))):
+            return None
+        steady = o.repeats(upto=o.mark("prefix")) == 1
+        h = await o.flaky_prefix(
+            n,
+            lambda j: Candidate(tuple(range(j))),
+            binary_first=steady,
+            length_of=lambda reached: reached,
+        )
+        return h == trig + 1, len(runner.calls)
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for n, p, lag in ((60, 0.3, 0), (60, 0.3, 2), (200, 0.3, 2), (60, 0.1, 2), (60, 1.0, 0)):
+            got = [g for s in range(seeds) if (g := asyncio.run(one(Path(d), s, n, p, lag)))]
+            trials = [t for _, t in got]
+            out[f"n = {n}, p = {p}, seen {lag} late"] = {
+                "searches": len(got),
+                "exact": sum(e for e, _ in got),
+                "trials_mean": round(statistics.mean(trials), 1),
+                "trials_max": max(trials),
+            }
+    return out
+
+
 def simulated_shrink(seeds: int) -> dict[str, Any]:
     """The shrink stage in-process (issue 16): a token-id prompt of 111
     16-token blocks crashes when it keeps >= N tokens *and* shares >= C with
@@ -363,7 +410,7 @@ def simulated_shrink(seeds: int) -> dict[str, Any]:
             n += 1
         return n
 
-    async def one(d: Path, t: Trace, seed: int, p: float) -> tuple[bool, int, int] | None:
+    async def one(d: Path, t: Trace, seed: int, p: float) -> tuple[bool, int, int, int] | None:
         rng = random.Random(seed)
         need, hit = rng.randrange(900, 1700), rng.randrange(100, 790)
         draws = random.Random(seed + 1)
@@ -383,8 +430,11 @@ def simulated_shrink(seeds: int) -> dict[str, Any]:
         ctx = b.shrunk.get("context", {}).get("crashes_at", {}).get("units")
         src = [x for x in b.shrunk.get("providers", ()) if x["request"] == "a"]
         got = (ctx, src[0]["crashes_at"]["units"] if src else None)
-        shrink = sum(r.stage == "shrink" for r in b.oracle.history())
-        return got == (math.ceil(need / bs), math.ceil(hit / bs)), shrink, res.trials
+        # the search's runs and the rate guard's (a cut may not make it rarer)
+        shrink = sum(r.stage in ("shrink", "shrink-rate") for r in b.oracle.history())
+        guard = sum(r.stage == "shrink-rate" for r in b.oracle.history())
+        exact = got == (math.ceil(need / bs), math.ceil(hit / bs))
+        return exact, shrink, res.trials, guard
 
     out: dict[str, Any] = {}
     limit = 1 + (math.ceil(math.log2(111)) + 1) + (math.ceil(math.log2(80)) + 1)
@@ -394,9 +444,10 @@ def simulated_shrink(seeds: int) -> dict[str, Any]:
             got = [r for s in range(seeds) if (r := asyncio.run(one(Path(d), t, s, p)))]
             out[f"p={p}"] = {
                 "searches": len(got),
-                "exact": sum(e for e, _, _ in got),
-                "shrink_trials_mean": round(statistics.mean(x for _, x, _ in got), 1),
-                "shrink_trials_max": max(x for _, x, _ in got),
+                "exact": sum(e for e, _, _, _ in got),
+                "shrink_trials_mean": round(statistics.mean(x for _, x, _, _ in got), 1),
+                "shrink_trials_max": max(x for _, x, _, _ in got),
+                "guard_trials_mean": round(statistics.mean(g for _, _, _, g in got), 1),
                 "limit_steady": limit,
             }
     return out
@@ -407,8 +458,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
         "--cases",
-        default="deterministic,flaky1,flaky5,simulated,triggers,shrink",
-        help="comma-separated: deterministic, flaky1, flaky5, simulated, triggers, shrink",
+        default="deterministic,flaky1,flaky5,chances,simulated,triggers,chances_sim,shrink",
+        help="comma-separated: deterministic, flaky1, flaky5, chances, simulated, triggers, "
+        "chances_sim, shrink",
     )
     opts = ap.parse_args(argv)
     cases = set(opts.cases.split(","))
@@ -430,23 +482,27 @@ def main(argv: list[str]) -> dict[str, Any]:
                 f"ceil(log2 {det['cut_size']}) + 2 = {det['prefix_bound']}) |"
             )
             print(f"| wall time | {det['seconds']} s |")
-        for case, fault, what in (
-            ("flaky1", ONE_TRIGGER, "crash on the 40th request"),
-            ("flaky5", FIVE_TRIGGERS, "crash on each of requests 40-44"),
+        for case, fault, what, at, n in (
+            ("flaky1", ONE_TRIGGER, "(p = 0.5) crash on the 40th request", 40, runs),
+            ("flaky5", FIVE_TRIGGERS, "(p = 0.5) crash on each of requests 40-44", 40, runs),
+            ("chances", CHANCES, "(p = 0.3) from the 35th request on, each a chance", 35, 10),
         ):
             if case not in cases:
                 continue
-            fl = out[case] = flaky(tmp, runs, fault)
-            print(f"\n| flaky (p = 0.5) {what}, prefix stage | value |")
+            fl = out[case] = flaky(tmp, n, fault, at)
+            print(f"\n| flaky {what}, prefix stage | value |")
             print("|---|---|")
+            want = n - n // 10
             print(
-                f"| exact minimal prefix | **{fl['exact']} / {fl['runs']}** (target >= 19 of 20) |"
+                f"| exact minimal prefix | **{fl['exact']} / {fl['runs']}** "
+                f"(target >= {want} of {n}) |"
             )
             print(f"| prefixes found | {fl['prefixes']} |")
             print(f"| trials per bisect | mean {fl['trials_mean']}, max {fl['trials_max']} |")
     for case, fn, title in (
         ("simulated", simulated, "prefix search, fake runner, n = 1,000, one culprit, 100 seeds"),
         ("triggers", simulated_triggers, "prefix stage, fake runner, k triggers at p, 100 seeds"),
+        ("chances_sim", simulated_chances, "one trigger, each later request a chance, 100 seeds"),
     ):
         if case not in cases:
             continue
@@ -461,11 +517,12 @@ def main(argv: list[str]) -> dict[str, Any]:
     if "shrink" in cases:
         sh = out["shrink"] = simulated_shrink(100)
         print("\n| shrink stage, fake runner, N and C per seed, 100 seeds | searches | exact "
-              "thresholds | shrink trials mean | max | steady limit |")  # fmt: skip
-        print("|---|---|---|---|---|---|")
+              "thresholds | shrink trials mean | max | of them the rate guard's | steady "
+              "limit |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
         for name, r in sh.items():
             print(
                 f"| {name} | {r['searches']} | {r['exact']} | {r['shrink_trials_mean']} | "
-                f"{r['shrink_trials_max']} | {r['limit_steady']} |"
+                f"{r['shrink_trials_max']} | {r['guard_trials_mean']} | {r['limit_steady']} |"
             )
     return out

@@ -292,9 +292,43 @@ def api_table(run: RunData) -> str:
     )
 
 
+def spec_decode_table(run: RunData) -> str:
+    """Speculative decoding per target whose server had it (``summary.json``'s
+    ``spec_decode``, from the server's ``vllm:spec_decode_*`` counters)."""
+    rows = []
+    for name, t in run.targets.items():
+        s = t.summary.get("spec_decode")
+        if not s:
+            continue
+        rate, length = s.get("acceptance_rate"), s.get("mean_acceptance_length")
+        cells = [
+            _e(name),
+            f"{s['drafts']:,}",
+            f"{s['draft_tokens']:,}",
+            f"{s['accepted_tokens']:,}",
+            "-" if rate is None else f"{rate:.1%}",
+            "-" if length is None else f"{length:.2f}",
+            _e(", ".join(f"{n:,}" for n in s.get("accepted_per_position") or [])) or "-",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    if not rows:
+        return ""
+    head = (
+        "<tr><th>target</th><th>drafts</th><th>draft tokens</th><th>accepted</th>"
+        "<th>acceptance rate</th><th>mean acceptance length</th>"
+        "<th>accepted by position</th></tr>"
+    )
+    return (
+        '<section id="spec-decode"><h2>Speculative decoding</h2><div class="tablewrap"><table>'
+        f"{head}{''.join(rows)}</table></div>"
+        '<p class="muted">From the server\'s own '
+        "counters over the run (vLLM counts them per engine, not per request).</p></section>"
+    )
+
+
 def run_sections(run: RunData, figs: dict[str, F.Figure], prefix: str = "") -> str:
     """Every section of one run; its figures are added to ``figs``."""
-    parts = [run_facts(run), summary_table(run), api_table(run)]
+    parts = [run_facts(run), summary_table(run), api_table(run), spec_decode_table(run)]
     for t in run.targets.values():
         parts.append(failure_section(t, run.signature))
     for ti, t in enumerate(run.targets.values()):
@@ -309,12 +343,54 @@ def run_sections(run: RunData, figs: dict[str, F.Figure], prefix: str = "") -> s
     return "".join(parts)
 
 
+def _bisect_lead(m: dict[str, Any]) -> str:
+    """What a kernel team reads first, before any plot: the threshold, what
+    makes it go away, how reliably it crashes, and every signature met
+    (the bundle README's opening, the same lines)."""
+    from replayer.bundle.export import reliability, signature_line
+
+    parts = ['<section class="failure"><h2>In short</h2>']
+    shrink = m.get("shrink") or {}
+    if shrink.get("text"):
+        parts.append(f"<p><b>{_e(shrink['text'])}</b></p>")
+    var = m.get("variants")
+    if var:
+        parts.append(f"<p><b>{_e(var.get('reading', ''))}</b></p>")
+        rows = [var["control"], *var.get("variants", [])]
+        parts.append(
+            "<table><tr><th>variant</th><th>change</th><th>crashes/runs</th><th>verdict</th></tr>"
+            + "".join(
+                f"<tr><td>{_e(r.get('name'))}</td><td>{_e(r.get('change') or '-')}</td>"
+                f"<td>{_e(r.get('crashes', '-'))}/{_e(r.get('runs', '-'))}</td>"
+                f"<td>{_e(r.get('skipped') or r.get('verdict', ''))}</td></tr>"
+                for r in rows
+            )
+            + "</table>"
+        )
+    rel = [line[2:] for line in reliability(m) if line.startswith("- ")]
+    if rel:
+        parts.append(
+            "<h3>Reliability</h3><ul>"
+            + "".join(f"<li>{_e(x.replace('**', ''))}</li>" for x in rel)
+            + "</ul>"
+        )
+    seen = m.get("signatures_seen") or []
+    if seen:
+        parts.append(
+            "<h3>Signatures seen</h3><ul>"
+            + "".join(f"<li>{_e(signature_line(e))}</li>" for e in seen)
+            + "</ul>"
+        )
+    return "".join(parts) + "</section>"
+
+
 def bisect_sections(path: Path, figs: dict[str, F.Figure]) -> tuple[str, str]:
     """(title, sections) of a bisect directory or a bundle."""
     trials = load_trials(path)
     manifest = load_manifest(path)
     parts = []
     if manifest is not None:
+        parts.append(_bisect_lead(manifest))
         rep = manifest.get("reproduction") or {}
         ctl = manifest.get("control") or {}
         sig = manifest.get("signature") or {}

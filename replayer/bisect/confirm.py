@@ -57,7 +57,9 @@ async def revisit(b: Search) -> bool:
     runs = repeats_for(k / n)
     kept = list(b.best.positions)
     changed = False
-    for p in list(reversed(kept[:-1]))[:REVISIT_MAX]:
+    order = list(reversed(kept[:-1]))[:REVISIT_MAX]
+    for i, p in enumerate(order):
+        b.revisit_left = (len(order) - i, runs)
         without = b.candidate([q for q in kept if q != p])
         # as many at once as there are servers; the first crash stops the rest
         recs = await b.oracle.run_many(
@@ -67,6 +69,7 @@ async def revisit(b: Search) -> bool:
             kept = list(without.positions)
             b.improve(without, "revisit")
             changed = True
+    b.revisit_left = (0, 0)
     if changed:
         b.say(f"== revisit: {len(kept):,} requests (each left out {runs} run(s) at most)")
     return changed

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from replayer.bisect.confirm import confirm_counts, control_counts
 from replayer.bisect.edit import Edit
 from replayer.bisect.oracle import Outcome
+from replayer.bisect.reliability import hand_over as _hand_over
+from replayer.bisect.reliability import signatures_seen
 from replayer.bisect.shrink import threshold_line
 from replayer.bisect.stats import fisher_one_sided, rate_dict
 from replayer.bundle.export import write_bundle
@@ -32,6 +34,10 @@ def manifest(b: Search, status: str) -> dict[str, Any]:
         "policy": {**b.policy.to_dict(), "timing": b.best.timing, "speed": b.best.speed},
         "target": b.facts,
         "stages": b.stages_done,
+        "floor": b.opts.min_rate,
+        "reliable": b.reliable,
+        "hand_over": hand_over(b),
+        "signatures_seen": signatures_seen(b),
     }
     cc = control_counts(b)
     if cc is not None and b.control is not None:
@@ -45,6 +51,12 @@ def manifest(b: Search, status: str) -> dict[str, Any]:
     if b.shrunk is not None:
         m["shrink"] = shrink_dict(b)
     return m
+
+
+def hand_over(b: Search) -> str:
+    """Which result to give a kernel engineer (empty before any confirm run)."""
+    k, n = confirm_counts(b)
+    return _hand_over((k, n), b.reliable, b.opts.min_rate) if n else ""
 
 
 def shrink_dict(b: Search) -> dict[str, Any] | None:

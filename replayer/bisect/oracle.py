@@ -39,7 +39,7 @@ import orjson
 
 from replayer._clock import REAL, Clock
 from replayer.bisect.files import append_journal, journal_events
-from replayer.bisect.search import bayes_prefix, binary_prefix, race, width_of
+from replayer.bisect.search import Contradicted, bayes_prefix, binary_prefix, race, width_of
 from replayer.bisect.stats import repeats_for, wilson
 from replayer.session.verdict import Outcome as Outcome
 from replayer.session.verdict import infra_class
@@ -270,7 +270,7 @@ class Oracle:
         one of the runs ``within`` the candidate being reduced: shrinking can
         lower the rate, never raise it."""
         k, n = self.crash_rate(upto)
-        if n and k == n and k >= self.deterministic_after:
+        if n and k == n and k >= self.deterministic_after and not self.scattered(upto):
             return 1
         lo, _ = wilson(k, n)
         if within is not None:
@@ -280,6 +280,28 @@ class Oracle:
             if nw >= 2 * self.deterministic_after:
                 lo = min(lo, wilson(kw, nw)[0])
         return repeats_for(max(lo, self.p_floor), alpha if alpha is not None else self.alpha)
+
+    def scattered(self, upto: int | None = None) -> bool:
+        """Did the crash strike at more than one place? Matching runs that
+        name different failing requests (or, where no run names one, runs of
+        one candidate that failed at different points) are one flaky trigger
+        among several chances, not a deterministic crash: a trace whose every
+        request past the trigger adds a 30 % chance crashes on every run, yet
+        a candidate holding only the trigger crashes 30 % of the time, and
+        one quiet run of it is no evidence it lacks the trigger."""
+        named: set[str] = set()
+        points: dict[str, set[int]] = {}
+        for key, recs in self.records.items():
+            for r in recs:
+                if r.outcome is not Outcome.MATCH or (upto is not None and r.trial > upto):
+                    continue
+                if r.failed_request is not None:
+                    named.add(r.failed_request)
+                elif r.reached is not None:
+                    points.setdefault(key, set()).add(r.reached)
+        if named:
+            return len(named) > 1
+        return any(len(v) > 1 for v in points.values())
 
     def counts(self, cand: Candidate) -> dict[Outcome, int]:
         out = {o: 0 for o in Outcome}
@@ -456,7 +478,10 @@ class Oracle:
         crash_cost = costs[0] / costs[1] if costs and costs[1] > 0 else 1.0
         width = self.width
         if binary_first:
-            lo, hi = await binary_prefix(n, run, width=width)
+            try:
+                lo, hi = await binary_prefix(n, run, width=width)
+            except Contradicted:
+                lo = hi = 0  # every run so far goes to the Bayesian search
             # Re-run the longest prefix found quiet, once dismissed on one run:
             # it holds the trigger whenever the search overshot (every later
             # probe was longer), so a crash flaky at that length shows there,
@@ -468,7 +493,7 @@ class Oracle:
                 lambda _j, at, _k: at is not None,
                 limit=width,
             )
-            if not any(at is not None for _, at in checks):
+            if hi and not any(at is not None for _, at in checks):
                 return hi
         return await bayes_prefix(
             n, run, [*before, *seen], crash_cost=max(1.0, crash_cost), width=width

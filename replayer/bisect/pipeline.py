@@ -48,6 +48,7 @@ from typing import Any
 from replayer._clock import Clock
 from replayer.bisect import confirm as _confirm
 from replayer.bisect import manifest as _manifest
+from replayer.bisect import reliability as _reliability
 from replayer.bisect import shrink as _shrink
 from replayer.bisect import stages as _stages
 from replayer.bisect.oracle import (
@@ -59,7 +60,7 @@ from replayer.bisect.oracle import (
 from replayer.bisect.runner import Runner
 from replayer.bisect.stages import NotReproducible
 from replayer.bisect.state import Control, Search
-from replayer.bisect.stats import fisher_one_sided
+from replayer.bisect.stats import describe_rate, fisher_one_sided
 from replayer.monitor.signature import Signature
 from replayer.options.search import STAGES, BisectOptions
 from replayer.replay.policy import ReplayPolicy
@@ -81,7 +82,9 @@ __all__ = [
 @dataclass
 class BisectResult:
     status: str
-    """``complete``, ``budget_exhausted``, ``not_reproducible`` or ``not_exercised``."""
+    """``complete``, ``below_floor`` (the confirm runs crashed less often
+    than ``min_rate``: not a reproducer), ``budget_exhausted``,
+    ``not_reproducible`` or ``not_exercised``."""
     best: Candidate
     bundle: Path | None
     trials: int
@@ -101,6 +104,14 @@ class BisectResult:
     """Requests in the selection the bisect started from."""
     variants: dict[str, Any] | None = None
     """What made the crash go away (``--vary``'s report), or None."""
+    reliable: dict[str, Any] | None = None
+    """Where the result crashes rarely: the smallest candidate seen crashing
+    at least ``reliable_rate`` of its runs (requests, size, reproduction)."""
+    signatures: list[dict[str, Any]] = field(default_factory=list)
+    """Every failure signature met, chased first, with its match fraction."""
+    hand_over: str = ""
+    """Which of the results to give a kernel engineer, in one sentence."""
+    floor: float = 0.15
 
 
 class Bisect(Search):
@@ -234,11 +245,17 @@ class Bisect(Search):
                 probes += runs
                 rounds += math.ceil(runs / width)
         confirm = self.opts.confirm * (1 + (self.control is not None))
-        trials = round(probes * per_probe) + confirm
+        # the revisit: each request left tries up to ``each`` runs (the
+        # result's own rate, not the pooled one, sets them)
+        left, each = self.revisit_left
+        revisit, revisit_rounds = left * each, left * math.ceil(each / width)
+        trials = round(probes * per_probe) + confirm + revisit
         if width > 1:
             # every server busy each round, some of it on probes made moot
-            trials = min(2 * trials, max(trials, round(rounds * per_probe * width) + confirm))
-        return trials, round(rounds * per_probe) + math.ceil(confirm / width)
+            trials = min(
+                2 * trials, max(trials, round(rounds * per_probe * width) + confirm + revisit)
+            )
+        return trials, round(rounds * per_probe) + math.ceil(confirm / width) + revisit_rounds
 
     # -- the whole run ------------------------------------------------------------
 
@@ -269,7 +286,15 @@ class Bisect(Search):
                 if await _confirm.revisit(self):
                     await _confirm.confirm(self)  # the smaller result's own runs
                 self.stages_done.append("confirm")
-            if self.vary is not None:
+                self.reliable = await _reliability.reliable_alternative(self)
+                k, n = _confirm.confirm_counts(self)
+                if n and (k == 0 or k / n < self.opts.min_rate):
+                    status = "below_floor"
+                    self.say(
+                        f"== below the floor: the result {describe_rate(k, n)}, under "
+                        f"{self.opts.min_rate:.0%}: not a reproducer"
+                    )
+            if self.vary is not None and status == "complete":
                 await self.vary(self)
         except NotReproducible as exc:
             self.say(f"== not reproducible: {exc}")
@@ -299,6 +324,10 @@ class Bisect(Search):
             _manifest.shrink_dict(self),
             len(self.rows),
             self.variants,
+            self.reliable,
+            _reliability.signatures_seen(self),
+            _manifest.hand_over(self),
+            self.opts.min_rate,
         )
 
 

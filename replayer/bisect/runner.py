@@ -187,7 +187,7 @@ class SessionRunner:
             failure_class=res.failure_class,
             signature=sig,
             message=res.message,
-            failed_request=(res.failure or {}).get("request_id"),
+            failed_request=failing_request(res.failure),
             sent=sent,
             in_flight=in_flight,
             server=server,
@@ -204,6 +204,19 @@ class SessionRunner:
 
 def as_runner(runner: Runner | Session) -> Runner:
     return SessionRunner(runner) if isinstance(runner, Session) else runner
+
+
+def failing_request(failure: dict[str, Any] | None) -> str | None:
+    """The request the server was processing when it failed: named by the
+    server's own evidence, or the client's only request in flight; None
+    where several were and the server did not say (every stream sees an
+    engine death at once, so the first to see it proves nothing, and the
+    bisect takes two different names as a crash striking at two places)."""
+    if not failure:
+        return None
+    if failure.get("request_from") not in (None, "client") or not failure.get("inflight"):
+        return failure.get("request_id")
+    return None
 
 
 def failure_rows(run: Path, failure: dict[str, Any]) -> tuple[list[int], list[int]]:

@@ -133,7 +133,8 @@ async def binary_prefix(
     """:func:`shortest_prefix` for a search of one run per probe that learns
     from a crash where it struck: ``run(j)`` says the prefix length the run
     showed crashing (at most j), or None when it was quiet. Returns (lo, hi):
-    prefix hi crashed, lo is the longest seen quiet (0: none)."""
+    prefix hi crashed, lo is the longest seen quiet (0: none). Raises
+    :class:`Contradicted` when a crash lands at or below ``lo``."""
     lo, hi = 0, n
     for _ in range(2 * n.bit_length() + 2):  # each round halves or better
         if hi - lo <= 1:
@@ -143,10 +144,24 @@ async def binary_prefix(
             run,
             lambda m, at, other: other > m if at is not None else other < m,
         )
-        crashes = [max(at, lo + 1) for _, at in got if at is not None]
+        crashes = [at for _, at in got if at is not None]
+        if any(at <= lo for at in crashes):
+            # a crash inside a prefix seen quiet: that quiet run was luck, the
+            # crash is flaky, and a binary search's answer would ignore it
+            raise Contradicted(min(crashes))
         hi = min([hi, *crashes])
         lo = max((m for m, at in got if at is None and m < hi), default=lo)
     return lo, hi
+
+
+class Contradicted(Exception):
+    """A one-run-per-probe search met a crash shorter than a prefix it had
+    seen quiet: the crash is flaky there, and only a search that weighs every
+    run (:func:`bayes_prefix`) can use both."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(f"a crash at {at} inside a prefix seen quiet")
+        self.at = at
 
 
 async def bisect_reduce(

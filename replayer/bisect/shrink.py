@@ -53,6 +53,7 @@ from replayer.bisect.edit import (
 )
 from replayer.bisect.edit import materialize as materialize
 from replayer.bisect.oracle import Candidate, Outcome
+from replayer.bisect.reliability import keeps_rate
 from replayer.trace.schema import Kind
 
 if TYPE_CHECKING:
@@ -108,6 +109,22 @@ async def _least(
     return _Search(j, below)
 
 
+async def _keep(b: Search, before: Candidate, after: Candidate, what: str) -> bool:
+    """Take ``after`` (a cut that crashed) as the best unless it crashes
+    significantly less often than ``before`` (:func:`keeps_rate`): a smaller
+    repro that crashes 30 % of the time is worth less than a larger one that
+    always does."""
+    if after == before:
+        return True
+    ok, text = await keeps_rate(b, before, after)
+    if not ok:
+        b.say(f"== shrink: {what}: cut refused, the crash got rarer: {text}")
+        b.shrink_refused.append({"what": what, "text": text})
+        return False
+    b.improve(after, "shrink")
+    return True
+
+
 async def shrink(b: Search) -> None:
     """The stage (see the module doc); ``b.shrunk`` holds what it found."""
     if not b.best.positions:
@@ -137,14 +154,16 @@ async def shrink(b: Search) -> None:
 
         got = await _least(b, len(grid), with_cap, "max_tokens", low_first=True)
         if got.crashes < len(grid) or got.quiet:
-            if got.crashes < len(grid):
-                base = replace(base, max_tokens=grid[got.crashes - 1])
-                b.improve(replace(cur, edit=base.text()), "shrink")
-            report["max_tokens"] = {
-                "crashes_at": grid[got.crashes - 1],
-                "quiet_at": grid[got.quiet - 1] if got.quiet else None,
-                "recorded": top,
-            }
+            cap = replace(base, max_tokens=grid[got.crashes - 1])
+            if got.crashes == len(grid) or await _keep(
+                b, cur, replace(cur, edit=cap.text()), "max_tokens"
+            ):
+                base = cap if got.crashes < len(grid) else base
+                report["max_tokens"] = {
+                    "crashes_at": grid[got.crashes - 1],
+                    "quiet_at": grid[got.quiet - 1] if got.quiet else None,
+                    "recorded": top,
+                }
 
     # 2. the crashing request's context
     content = trace.content(last)
@@ -166,6 +185,8 @@ async def shrink(b: Search) -> None:
                 providers.append(found)
     if providers:
         report["providers"] = providers
+    if b.shrink_refused:
+        report["refused"] = list(b.shrink_refused)
     if len(report) > 1:
         b.shrunk = report
         b.say(f"== shrink: {threshold_line(report)}")
@@ -194,9 +215,11 @@ async def _context(
             return replace(cur, edit=replace(base, drop=(*base.drop, *digests[: k + 1 - j])).text())
 
         got = await _least(b, k + 1, keeping, "context (turns of history)")
-        if got.crashes <= k or got.quiet:
-            edit = replace(base, drop=(*base.drop, *digests[: k + 1 - got.crashes]))
-            b.improve(replace(cur, edit=edit.text()), "shrink")
+        dropped = replace(base, drop=(*base.drop, *digests[: k + 1 - got.crashes]))
+        if (got.crashes <= k or got.quiet) and await _keep(
+            b, cur, replace(cur, edit=dropped.text()), "context (turns of history)"
+        ):
+            edit = dropped
             found = _anchored(
                 {
                     "unit": "turn",
@@ -253,7 +276,8 @@ async def _trim_search(
     if got.crashes == n and not got.quiet:
         return None  # no run said where: nothing to report
     edit = base.trim(key, min(length, got.crashes * step)) if got.crashes < n else base
-    b.improve(replace(cur, edit=edit.text()), "shrink")
+    if not await _keep(b, cur, replace(cur, edit=edit.text()), f"context (text of a {role} item)"):
+        return None
     return edit, _anchored(
         {
             "unit": f"{step}-character step" if step > 1 else "character",
@@ -288,7 +312,8 @@ async def _cut_search(
     if got.crashes == n and not got.quiet:
         return None
     edit = base.cut(rid, min(length, got.crashes * step)) if got.crashes < n else base
-    b.improve(replace(cur, edit=edit.text()), "shrink")
+    if not await _keep(b, cur, replace(cur, edit=edit.text()), f"{what} of {rid}"):
+        return None
     found = _anchored(
         {
             "request": rid,

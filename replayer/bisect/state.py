@@ -168,6 +168,14 @@ class Search:
         """What the hook found: the manifest's ``variants``."""
         self.shrunk: dict[str, Any] | None = None
         """What the shrink stage found: the manifest's ``shrink``."""
+        self.shrink_refused: list[dict[str, Any]] = []
+        """Cuts the shrink stage refused because the crash got rarer."""
+        self.reliable: dict[str, Any] | None = None
+        """The smallest candidate seen crashing at least ``reliable_rate``
+        of its runs, where the result crashes less often (the manifest's
+        ``reliable``)."""
+        self.revisit_left: tuple[int, int] = (0, 0)
+        """Requests the revisit has still to try, and runs each may take."""
         self._derived: dict[str, tuple[Trace, list[int]]] = {}
         self._restore_chase()
 

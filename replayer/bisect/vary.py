@@ -9,8 +9,10 @@ the first question a kernel team asks, answered before they ask it.
 
 **Sources** (``--vary``, repeatable): a TOML file of ``[[variant]]`` tables or
 a JSON list of the same objects, with keys ``name``, ``add`` (arguments),
-``remove`` (flags), ``env`` (``{NAME = "value"}``), ``unset_env`` (names) and
-``means`` (what "gone" says in the reading); ``default`` for the shipped list
+``remove`` (flags), ``env`` (``{NAME = "value"}``), ``unset_env`` (names),
+``aborts`` (``"complete"`` or ``"replay"``: the replay's ``--aborts``, a
+client-side change the launch may not need) and ``means`` (what "gone"
+says in the reading); ``default`` for the shipped list
 (:func:`default_variants`); ``default:NAME,NAME`` for some of it.
 
 **Applying** (:func:`apply`) edits the launch command as
@@ -26,7 +28,9 @@ inherits) has it, the command starts ``env -u NAME``.
 
 **Skipped**, with the reason: a variant that would leave the launch as it is
 (the argument is already there, the flag to remove is not, the variable
-already has that value, counting vLLM's defaults of :data:`VLLM_ENV_DEFAULTS`);
+already has that value, counting vLLM's defaults of :data:`VLLM_ENV_DEFAULTS`;
+an ``aborts`` variant when the replay already runs so, or when no request of
+the repro was abandoned by its client);
 a variant touching ``VLLM_ROCM_*`` when the launch does not look like ROCm
 (no ``VLLM_ROCM_*``, ``ROCM_*``, ``HIP_*``, ``HSA_*`` or ``AITER*`` variable in
 its environment or replayer's, and no ``/dev/kfd``, the ROCm driver's device).
@@ -58,13 +62,21 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from replayer._files import append_records, parse_json_or_toml, read_jsonl
+from replayer._files import (
+    ENV_NAME,
+    append_records,
+    load_entries,
+    named_entry,
+    read_jsonl,
+    shipped_named,
+)
 from replayer.bisect.confirm import confirm_counts
 from replayer.bisect.files import VARIANTS
 from replayer.bisect.stats import rate_dict
 from replayer.emulator.faults import ENV_DEFAULTS
 from replayer.errors import UsageError
-from replayer.replay.policy import ReplayPolicy, Timing
+from replayer.replay.aborts import abort_points
+from replayer.replay.policy import Aborts, ReplayPolicy, Timing
 from replayer.session import Chase, Outcome, Session
 from replayer.target.facts import redact_command
 from replayer.target.process import split_command
@@ -87,9 +99,7 @@ ROCM_ENV_PREFIXES = ("VLLM_ROCM_", "ROCM_", "HIP_", "HSA_", "AITER")
 ROCM_DEVICE = Path("/dev/kfd")
 SWITCHES = frozenset({"--enforce-eager", "--trust-remote-code", "--async-scheduling"})
 """Flags that take no value, besides ``--no-*``, ``--enable-*`` and ``--disable-*``."""
-_KEYS = ("name", "add", "remove", "env", "unset_env", "means")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KEYS = ("name", "add", "remove", "env", "unset_env", "aborts", "means")
 _NUMBER = re.compile(r"^-?[0-9.]+$")
 
 
@@ -118,6 +128,9 @@ class Variant:
     """Where a shipped variant's value came from (``half of vLLM's default ...``)."""
     skip: str | None = None
     """Decided when the shipped list is built: why it does not apply."""
+    aborts: Aborts | None = None
+    """The replay's ``--aborts`` for this variant's runs (a client-side
+    change: the launch may stay as it is)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +333,8 @@ def apply(v: Variant, launch: Launch) -> Applied:
         if name in launch.inherited:
             unset.append(name)
         changes.append(f"unset {name}")
+    if v.aborts is not None:
+        changes.append(f"--aborts {v.aborts}")
     if not changes:
         return Applied(v, None, "", "; ".join(same) or "it changes nothing")
     return Applied(v, _command(env, unset, argv), ", ".join(changes))
@@ -339,8 +354,21 @@ def _tokens(text: str) -> int | None:
 
 def default_variants(launch: Launch) -> list[Variant]:
     """The shipped list for vLLM, resolved against ``launch`` (halved tokens
-    of its own value, its KV dtype flipped, another attention backend)."""
+    of its own value, its KV dtype flipped, another attention backend).
+    Speculative decoding goes first: the likeliest lead for a decode-time
+    fault (NaN draft logits giving out-of-range token ids), and the cheapest
+    to rule out."""
+    spec = Variant(
+        "no-speculative-decoding",
+        remove=("--speculative-config",),
+        means="needs speculative decoding",
+    )
+    if launch.value("--speculative-config") is None:
+        spec = replace(
+            spec, skip="speculative decoding is not configured (no --speculative-config)"
+        )
     out = [
+        spec,
         Variant(
             "no-prefix-caching",
             add=("--no-enable-prefix-caching",),
@@ -405,16 +433,14 @@ def default_variants(launch: Launch) -> list[Variant]:
             note=f"the launch's: {backend or 'unset, vLLM chooses'}",
         )
     )
-    spec = Variant(
-        "no-speculative-decoding",
-        remove=("--speculative-config",),
-        means="needs speculative decoding",
-    )
-    if launch.value("--speculative-config") is None:
-        spec = replace(
-            spec, skip="speculative decoding is not configured (no --speculative-config)"
+    out.append(
+        Variant(
+            "complete-aborts",
+            aborts=Aborts.COMPLETE,
+            means="needs a client abort",
+            note="client side: the requests the recorded client abandoned are read to the end",
         )
-    out.append(spec)
+    )
     return out
 
 
@@ -437,15 +463,8 @@ def _env_text(value: object) -> str | None:
 
 def parse_variant(entry: object, where: str) -> Variant:
     """One ``[[variant]]`` table or JSON object."""
-    if not isinstance(entry, Mapping):
-        raise UsageError(f"{where}: each variant must be a table/object")
-    unknown = sorted(set(entry) - set(_KEYS))
-    if unknown:
-        raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (have {', '.join(_KEYS)})")
-    name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise UsageError(f"{where}: 'name' must be a word (letters, digits, - _ . +)")
-    where = f"{where} ({name})"
+    name, where = named_entry(entry, where, "variant", _KEYS)
+    assert isinstance(entry, Mapping)
     add = _strings(entry.get("add", []), where, "add")
     if add and not _is_flag(add[0]):
         raise UsageError(f"{where}: 'add' must start with a flag, not {add[0]!r}")
@@ -461,38 +480,29 @@ def parse_variant(entry: object, where: str) -> Variant:
     env: dict[str, str] = {}
     for k, v in raw_env.items():
         text = _env_text(v)
-        if not isinstance(k, str) or not _ENV_NAME.match(k) or text is None:
+        if not isinstance(k, str) or not ENV_NAME.match(k) or text is None:
             raise UsageError(f"{where}: 'env' entry {k!r} must be NAME = \"value\"")
         env[k] = text
     unset = _strings(entry.get("unset_env", []), where, "unset_env")
-    bad = [n for n in unset if not _ENV_NAME.match(n)]
+    bad = [n for n in unset if not ENV_NAME.match(n)]
     if bad:
         raise UsageError(f"{where}: 'unset_env' entry {bad[0]!r} is not a variable name")
     means = entry.get("means")
     if means is not None and not isinstance(means, str):
         raise UsageError(f"{where}: 'means' must be a string")
-    if not (add or remove or env or unset):
-        raise UsageError(f"{where}: changes nothing (give add, remove, env or unset_env)")
-    return Variant(name, add, remove, env, unset, means)
+    aborts = entry.get("aborts")
+    if aborts is not None and aborts not in tuple(Aborts):
+        raise UsageError(f"{where}: 'aborts' must be {' or '.join(repr(a.value) for a in Aborts)}")
+    if not (add or remove or env or unset or aborts):
+        raise UsageError(f"{where}: changes nothing (give add, remove, env, unset_env or aborts)")
+    return Variant(name, add, remove, env, unset, means, aborts=Aborts(aborts) if aborts else None)
 
 
 def load_file(path: Path) -> list[Variant]:
     """Variants from a TOML (``[[variant]]``) or JSON (a list) file, by suffix
     (JSON, then TOML, for others)."""
-    where = f"--vary {path}"
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{where}: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        data = parse_json_or_toml(path, text)
-    except ValueError as exc:
-        raise UsageError(f"{where}: {exc}") from None
-    if isinstance(data, Mapping):
-        data = data.get("variant", data.get("variants"))
-    if not isinstance(data, list) or not data:
-        raise UsageError(f"{where}: expected [[variant]] tables (TOML) or a list of objects (JSON)")
-    return [parse_variant(e, f"{where}: variant {i + 1}") for i, e in enumerate(data)]
+    data = load_entries(path, "--vary", "variant")
+    return [parse_variant(e, f"--vary {path}: variant {i + 1}") for i, e in enumerate(data)]
 
 
 def load_variants(sources: Sequence[str], launch: Launch) -> list[Variant]:
@@ -503,14 +513,7 @@ def load_variants(sources: Sequence[str], launch: Launch) -> list[Variant]:
             out += default_variants(launch)
         elif src.startswith("default:"):
             shipped = {v.name: v for v in default_variants(launch)}
-            names = [n.strip() for n in src[len("default:") :].split(",") if n.strip()]
-            bad = [n for n in names if n not in shipped]
-            if bad or not names:
-                raise UsageError(
-                    f"--vary {src}: no shipped variant {', '.join(bad) or '(none named)'}; "
-                    f"have {', '.join(shipped)}"
-                )
-            out += [shipped[n] for n in names]
+            out += shipped_named(src, shipped, "--vary", "variant")
         else:
             out += load_file(Path(src))
     names = [v.name for v in out]
@@ -673,17 +676,25 @@ async def run_plan(
     async def row_of(a: Applied) -> dict[str, Any]:
         v = a.variant
         base = {"change": a.change, "note": v.note, "means": v.means}
-        if a.launch is None:
+        skipped, mine = a.skipped, args
+        if a.launch is not None and v.aborts is not None:
+            pol = policy or session.policy
+            if pol.aborts is v.aborts:
+                skipped = f"the replay already runs with --aborts {v.aborts}"
+            elif not abort_points(trace if trace is not None else session.trace, rows):
+                skipped = "no request of the repro was abandoned by its client"
+            mine = (*args[:4], replace(pol, aborts=v.aborts), *args[5:])
+        if a.launch is None or skipped is not None:
             return {
                 "name": v.name,
                 **base,
                 **rate_dict(0, 0),
-                "skipped": a.skipped,
+                "skipped": skipped,
                 "verdict": "skipped",
             }
         lane = await lanes.get()
         try:
-            return {**await _run_one(v.name, a.launch, *args, control=ctl, server=lane), **base}
+            return {**await _run_one(v.name, a.launch, *mine, control=ctl, server=lane), **base}
         finally:
             lanes.put_nowait(lane)
 

@@ -32,8 +32,10 @@ import orjson
 
 from replayer._files import output_error, write_atomic
 from replayer._version import __version__
+from replayer.bundle.diagnose import section as diagnosis_section
 from replayer.bundle.files import MANIFEST
 from replayer.errors import OutputError
+from replayer.target.facts import redact_facts
 from replayer.trace.export import jsonl_lines
 from replayer.trace.model import RequestRecord
 from replayer.trace.reader import Trace
@@ -103,6 +105,8 @@ def _write_bundle(
         "requests": ids,
         **manifest,
     }
+    if isinstance(full.get("target"), dict):  # a launch's NAME=secret never ships
+        full["target"] = redact_facts(full["target"])
     MANIFEST.write(tmp, full)
     shutil.copyfile(REPRO_SOURCE, tmp / "repro.py")
     os.chmod(tmp / "repro.py", 0o755)
@@ -114,6 +118,10 @@ def _write_bundle(
     with (tmp / "trials.jsonl").open("wb") as f:
         for t in trials:
             f.write(orjson.dumps(t) + b"\n")
+    rel = manifest.get("reliable")
+    if rel:
+        (tmp / "reliable").mkdir()
+        (tmp / "reliable" / "requests.txt").write_text("".join(f"{r}\n" for r in rel["requests"]))
     (tmp / "README.md").write_text(readme(full))
     if out.exists():
         old = out.with_name(f".{out.name}.old{os.getpid()}")
@@ -123,6 +131,57 @@ def _write_bundle(
     else:
         os.replace(tmp, out)
     _tarball(out)
+
+
+def refresh(bundle: Path, manifest: dict[str, Any]) -> Path:
+    """Rewrite a bundle's manifest, README and tarball after a later step
+    (``bundle diagnose``) added to its manifest; the other files stay."""
+    MANIFEST.write(bundle, manifest)
+    write_atomic(bundle / "README.md", readme(manifest).encode())
+    return _tarball(bundle)
+
+
+TARGET_PACKAGES = ("vllm", "torch", "triton", "amd-aiter", "aiter", "flashinfer-python", "lmcache")
+"""Packages the README names first (the rest are in ``manifest.json``)."""
+
+
+def target_lines(facts: dict[str, Any]) -> list[str]:
+    """The README's *Target* facts: versions, container, packages, GPU lines,
+    JIT caches and environment (everything else is in ``manifest.json``)."""
+    cmd: dict[str, Any] = facts.get("command") or {}
+    lines = []
+    for key in ("version", "models"):
+        if facts.get(key):
+            val = facts[key]
+            shown = orjson.dumps(val).decode() if not isinstance(val, str) else val
+            lines.append(f"- {key}: `{shown[:500]}`")
+    box = facts.get("container")
+    if box:
+        lines.append(
+            f"- container ({box.get('runtime')}): `{box.get('image')}`"
+            + (f", digest `{box['digest']}`" if box.get("digest") else ", no digest (a tag)")
+        )
+    pkgs = facts.get("packages") or {}
+    if pkgs:
+        low = {k.lower(): k for k in pkgs}
+        first = [f"{low[n]}=={pkgs[low[n]]}" for n in TARGET_PACKAGES if n in low]
+        lines.append(
+            f"- packages ({len(pkgs)}, from {facts.get('packages_from')}): "
+            + (f"`{', '.join(first)}`" if first else "see `manifest.json`")
+        )
+    env = facts.get("env") or cmd.get("env")
+    if env:
+        lines.append(f"- env: `{orjson.dumps(env).decode()[:2000]}`")
+    caches = [c for c in facts.get("jit_caches") or [] if c.get("exists")]
+    for c in caches:
+        lines.append(
+            f"- JIT cache {c['name']}: `{c['path']}`, {c.get('files')} files, "
+            f"{c.get('bytes', 0) / 1e6:.1f} MB, newest {c.get('newest')}"
+        )
+    hw = facts.get("hardware") or []
+    if hw:
+        lines += ["", "What the server log says it runs on:", "", "```", *hw[:20], "```"]
+    return lines
 
 
 def _tarball(bundle: Path) -> Path:
@@ -208,6 +267,54 @@ def _shrunk(report: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def reliability(m: dict[str, Any]) -> list[str]:
+    """How often it crashes, against the floor, and which result to hand
+    over: a kernel engineer decides from this how many runs to budget."""
+    rep = m.get("reproduction") or {}
+    if not rep.get("runs"):
+        return []
+    floor = m.get("floor")
+    lines = ["## Reliability", "", f"- these requests: {rep.get('text')}"]
+    if floor is not None:
+        under = m.get("status") == "below_floor"
+        lines.append(
+            f"- floor: {floor:.0%}; "
+            + ("**below it: not a reproducer**" if under else "above it: a reproducer")
+        )
+    rel = m.get("reliable")
+    if rel:
+        lines.append(
+            f"- the smallest candidate seen crashing often: {rel['size']:,} requests, "
+            f"{rel['reproduction']['text']} (`reliable/requests.txt` lists them)"
+        )
+    if m.get("hand_over"):
+        lines.append(f"- hand over: {m['hand_over']}")
+    return [*lines, ""]
+
+
+def signature_line(e: dict[str, Any]) -> str:
+    """``chased exit 3f9a…: ended 14 of 40 runs (35%); 6/10 confirm runs``."""
+    what = f"{e.get('class') or 'failure'} {e.get('signature') or '-'}"
+    line = (
+        f"{'chased ' if e.get('chased') else ''}{what}: ended {e['runs']} of {e['of']} runs "
+        f"({e['fraction']:.0%})"
+    )
+    c = e.get("confirm")
+    if c:
+        line += f"; {c['runs']}/{c['of']} confirm runs"
+    if e.get("message"):
+        line += f" — {e['message']}"
+    return line
+
+
+def signatures_seen(seen: list[dict[str, Any]] | None) -> list[str]:
+    """Every failure the search met with the fraction of runs it ended:
+    slippage (another crash taking over) shows here first."""
+    if not seen:
+        return []
+    return ["## Signatures seen", "", *(f"- {_cell(signature_line(e))}" for e in seen), ""]
+
+
 def readme(m: dict[str, Any]) -> str:
     """The bundle's README: what crashed, and how to see it crash."""
     sig = m.get("signature") or {}
@@ -215,19 +322,27 @@ def readme(m: dict[str, Any]) -> str:
     ctl = m.get("control") or {}
     pol = m.get("policy") or {}
     facts = m.get("target") or {}
+    below = m.get("status") == "below_floor"
     lines = [
         f"# Crash repro: {sig.get('class', 'server failure')}",
         "",
+        *_shrunk(m.get("shrink")),
         *variants_table(m.get("variants")),
+        *reliability(m),
+        *signatures_seen(m.get("signatures_seen")),
         f"{len(m['requests'])} request(s) out of {m['source_trace']['requests']:,} in the "
-        f"source trace reproduce this crash"
+        f"source trace "
+        + (
+            "crashed the server during the search, too rarely to call them a reproducer"
+            if below
+            else "reproduce this crash"
+        )
         + (
             f" (the shortest crashing prefix is {m['prefix_length']:,} requests)."
             if m.get("prefix_length")
             else "."
         ),
         "",
-        *_shrunk(m.get("shrink")),
         "## Reproduce it",
         "",
         "Start the server the way the target was started (see *Target* below), then, "
@@ -254,6 +369,8 @@ def readme(m: dict[str, Any]) -> str:
             "Requests named in the crashing batch (vLLM's scheduler dump): "
             + ", ".join(f"`{s}`" for s in sig["suspects"]),
         ]
+    if m.get("diagnosis"):
+        lines += ["", *diagnosis_section(m["diagnosis"])]
     lines += [
         "",
         "## How often",
@@ -288,11 +405,7 @@ def readme(m: dict[str, Any]) -> str:
     ]
     if facts.get("launch"):
         lines += ["Launch command:", "", "```sh", str(facts["launch"]), "```", ""]
-    for key in ("version", "models", "env"):
-        if facts.get(key):
-            val = facts[key]
-            shown = orjson.dumps(val).decode() if not isinstance(val, str) else val
-            lines.append(f"- {key}: `{shown[:500]}`")
+    lines += target_lines(facts)
     lines += [
         "",
         "## Files",

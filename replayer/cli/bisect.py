@@ -3,7 +3,10 @@
 Exit codes: 0 reduced and verified (bundle in OUT/bundle and
 OUT/bundle.tar.gz), 1 not reproducible, 2 usage error, 3 budget exhausted
 (the best bundle so far is written), 4 the full trace did not exercise the
-server (most requests rejected as client errors: nothing to bisect).
+server (most requests rejected as client errors: nothing to bisect), 5 the
+result's confirm runs crashed less often than --min-rate (0.15): the bundle
+is written and says so, but it is not a reproducer, 130 interrupted (the
+best bundle so far and the --resume command are printed).
 
 ``--vary FILE|default`` (repeatable): once the repro is confirmed, relaunch
 the server with each variant (arguments added or removed, environment set or
@@ -60,28 +63,52 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     server = server_from(args, "bisect") if given or needed else None
     ctl = build(options.ControlOptions, args, "bisect").server(server)
     vary = build(options.VaryOptions, args, "bisect")
-    res = api.bisect_sync(
-        args.trace,
-        server,
-        args.out,
-        build(options.BisectOptions, args, "bisect"),
-        policy=build(options.ReplayPolicy, args, "bisect"),
-        selection=build(options.Selection, args, "bisect"),
-        watch=build(options.WatchConfig, args, "bisect"),
-        signature=args.signature,
-        control=ctl[1] if ctl else None,
-        control_name=ctl[0] if ctl else "control",
-        resume=args.resume,
-        metrics=build(options.MetricsOptions, args, "bisect"),
-        vary=vary.vary,
-        vary_runs=vary.vary_runs,
-        from_run=args.from_run,
-        servers=pool.servers,
-        gpus=pool.gpus,
-        pool=pool.pool,
-        control_pool=pool.control_pool,
-    )
+    try:
+        res = api.bisect_sync(
+            args.trace,
+            server,
+            args.out,
+            build(options.BisectOptions, args, "bisect"),
+            policy=build(options.ReplayPolicy, args, "bisect"),
+            selection=build(options.Selection, args, "bisect"),
+            watch=build(options.WatchConfig, args, "bisect"),
+            signature=args.signature,
+            control=ctl[1] if ctl else None,
+            control_name=ctl[0] if ctl else "control",
+            resume=args.resume,
+            metrics=build(options.MetricsOptions, args, "bisect"),
+            vary=vary.vary,
+            vary_runs=vary.vary_runs,
+            from_run=args.from_run,
+            servers=pool.servers,
+            gpus=pool.gpus,
+            pool=pool.pool,
+            control_pool=pool.control_pool,
+        )
+    except KeyboardInterrupt:
+        print_interrupted(args.out)
+        raise
     return print_result(res)
+
+
+def print_interrupted(out: Path) -> None:
+    """What an interrupted bisect leaves: its best bundle so far and the
+    command that continues it (no finished trial is repeated)."""
+    import shlex
+
+    import orjson
+
+    bundle = out / "bundle"
+    try:
+        m = orjson.loads((bundle / "manifest.json").read_bytes())
+        what = f"{len(m.get('requests', ())):,} requests, {m.get('status', '?')}"
+        print(f"best bundle so far: {bundle} ({what})", file=sys.stderr)
+    except (OSError, ValueError):
+        print(f"no bundle yet in {out} (no improvement was made)", file=sys.stderr)
+    argv = ["replayer", *sys.argv[1:]]
+    if "--resume" not in argv:
+        argv.append("--resume")
+    print(f"continue with: {shlex.join(argv)}", file=sys.stderr)
 
 
 def print_result(res: Any) -> int:
@@ -114,6 +141,20 @@ def print_result(res: Any) -> int:
     if res.variants is not None:
         print_variants(res.variants)
     print(f"bundle: {res.bundle} (and {res.bundle}.tar.gz)")
+    if res.signatures:
+        from replayer.bundle.export import signature_line
+
+        print("signatures seen:")
+        for e in res.signatures:
+            print(f"  {signature_line(e)}")
+    if res.reliable is not None:
+        r = res.reliable
+        print(f"reliable candidate: {r['size']:,} requests, {r['reproduction']['text']}")
+    if res.hand_over:
+        print(f"hand over: {res.hand_over}")
+    if res.status == "below_floor":
+        print(f"below the floor of {res.floor:.0%}: not a reproducer (--min-rate sets the floor)")
+        return 5
     return 3 if res.status == "budget_exhausted" else 0
 
 

@@ -87,11 +87,37 @@ class BisectOptions(Declared):
     )
     """The shrink stage cuts a text prompt, or the prose of a conversation
     item, in at most this many steps (log2 of it probes per text)."""
+    shrink_rate_runs: int = option(
+        3,
+        "a shrink cut of a crash that struck on every run must crash N runs in a row to be "
+        "kept (default 3: a cut that makes it a 30% crash passes 3% of the time; each run "
+        "costs a restart; 1 takes the search's own crash)",
+        metavar="N",
+        ge=1,
+    )
     alpha: float = option(
         0.05, "risk of dismissing a crashing candidate (default 0.05)", metavar="P", gt=0, lt=1
     )
     confirm: int = option(
         10, "runs of the final repro to measure its rate (default 10)", metavar="N", ge=0
+    )
+    min_rate: float = option(
+        0.15,
+        "the floor: a result whose confirm runs crash less often than this is not called a "
+        "reproducer, and the bisect exits 5 (default 0.15)",
+        metavar="P",
+        ge=0,
+        le=1,
+    )
+    """syzkaller's floor: a reproducer that crashes in fewer than 15 % of its
+    validation runs wastes the time of whoever runs it."""
+    reliable_rate: float = option(
+        0.5,
+        "where the result crashes less often than this, the bundle also keeps the smallest "
+        "candidate seen crashing at least this often, both measured (default 0.5)",
+        metavar="P",
+        gt=0,
+        le=1,
     )
     max_trials: int | None = option(
         None, "stop after N trials (the best bundle so far is kept)", metavar="N", ge=1
@@ -160,6 +186,14 @@ class VerifyOptions(Declared):
     __verbs__ = frozenset({"verify"})
 
     runs: int = option(10, "runs (default 10)", metavar="N", ge=1)
+    min_rate: float = option(
+        0.15,
+        "the floor: a bundle crashing in fewer of its runs is not a reproducer, exit 5 "
+        "(default 0.15)",
+        metavar="P",
+        ge=0,
+        le=1,
+    )
 
 
 @dataclass(frozen=True)

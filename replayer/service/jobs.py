@@ -23,9 +23,9 @@ States::
     queued -> cancelled;  running -> cancelling -> cancelled
 
 ``finished`` means the command ran to its end: its ``outcome`` says what
-it found (a bisect ``complete``, ``not_reproducible`` or
-``budget_exhausted``; a replay ``clean`` or ``target_failed``; a verify
-``reproduced`` or ``not_reproduced``). ``failed`` means it could not do its
+it found (a bisect ``complete``, ``not_reproducible``, ``budget_exhausted``
+or ``below_floor``; a replay ``clean`` or ``target_failed``; a verify
+``reproduced``, ``not_reproduced`` or ``below_floor``). ``failed`` means it could not do its
 work (bad input, unreachable target, a crash of the worker).
 """
 

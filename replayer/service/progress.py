@@ -217,8 +217,8 @@ class ProgressReader:
 
 OUTCOMES = {
     "replay": {0: "clean", 1: "target_failed"},
-    "bisect": {0: "complete", 1: "not_reproducible", 3: "budget_exhausted"},
-    "verify": {0: "reproduced", 1: "not_reproduced"},
+    "bisect": {0: "complete", 1: "not_reproducible", 3: "budget_exhausted", 5: "below_floor"},
+    "verify": {0: "reproduced", 1: "not_reproduced", 5: "below_floor"},
 }
 
 

@@ -471,3 +471,18 @@ async def test_a_pool_plan_says_its_wall_time_and_what_one_more_server_saves(tra
     # restarted, the wall time left
     assert any(re.match(r"trial +\d+ \[\w+\] on server [012] ", s) for s in said[3])
     assert re.search(r"~\d+ trials left \(~[\d.]+ (h|min)\)", said[3][-3]), said[3][-3]
+
+
+@pytest.mark.inprocess
+def test_the_failing_request_is_the_servers_or_the_only_one_in_flight():
+    from replayer.bisect.runner import failing_request
+
+    # the server named it (the fault's record, the scheduler dump)
+    named = {"request_id": "r5", "request_from": "scheduler dump", "inflight": ["r4", "r6"]}
+    assert failing_request(named) == "r5"
+    # the client saw it first, alone in flight: no doubt
+    assert failing_request({"request_id": "r5", "request_from": "client", "inflight": []}) == "r5"
+    # the client saw it first among several: any of them may be the trigger
+    several = {"request_id": "r4", "request_from": "client", "inflight": ["r5"]}
+    assert failing_request(several) is None
+    assert failing_request(None) is None

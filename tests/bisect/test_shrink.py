@@ -19,11 +19,11 @@ from replayer.bisect.shrink import threshold_line
 from replayer.replay.plan import select
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
 from replayer.trace.schema import Kind
+from tests.helpers.bisect import BS, blocks_trace, long_prompt_after_a_hit
 
 pytestmark = pytest.mark.inprocess
 
 OPTS = BisectOptions(calibrate_matches=2, calibrate_runs=3, confirm=2)
-BS = 16
 
 
 def _bundle(out):
@@ -31,58 +31,7 @@ def _bundle(out):
     return {e["request_id"]: e["body"] for e in map(orjson.loads, lines)}
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 # -- token-id prompts -----------------------------------------------------------------
-
-
-def blocks_trace(tmp_path) -> Trace:
-    """a0 (80 blocks) and b0 (111 blocks, its first 50 shared with a0), among
-    three requests that share nothing."""
-    plan = [
-        ("n0", list(range(1000, 1040))),
-        ("a0", list(range(1, 81))),
-        ("n1", list(range(2000, 2060))),
-        ("b0", [*range(1, 51), *range(200, 261)]),
-        ("n2", list(range(3000, 3090))),
-    ]
-    p = tmp_path / "blocks.arrow"
-    with TraceWriter(p, TraceMeta(source="test")) as w:
-        for i, (rid, blocks) in enumerate(plan):
-            w.add(
-                RequestRecord(
-                    request_id=rid,
-                    session_id=rid[0],
-                    turn=0,
-                    start_us=i * 10_000,
-                    kind=Kind.BLOCKS,
-                    params={"model": "m", "max_tokens": 8},
-                    content=blocks,
-                    block_size=BS,
-                    input_tokens=len(blocks) * BS,
-                )
-            )
-    return Trace.open(p)
-
-
-def long_prompt_after_a_hit(trial: Trial) -> Observation:
-    """Crashes when a prompt of >= 1,500 tokens shares >= 480 tokens with an
-    earlier prompt of the trial (a prefix-cache hit)."""
-    bodies = trial.bodies()
-    ids = trial.request_ids()
-    for i, body in enumerate(bodies):
-        prompt = body["prompt"]
-        hit = max((_common(prompt, b["prompt"]) for b in bodies[:i]), default=0)
-        if len(prompt) >= 1500 and hit >= 480:
-            return Observation(Outcome.MATCH, signature="planted", failed_request=ids[i])
-    return Observation(Outcome.PASS)
 
 
 async def test_context_and_the_cache_hit_shrink_to_their_thresholds(tmp_path):
@@ -136,7 +85,7 @@ async def test_a_killed_shrink_resumes_without_repeating_a_trial(tmp_path, kill_
 
     ref_b = Bisect(t, select(t), FunctionRunner(ref), tmp_path / "ref", OPTS, say=lambda m: None)
     want = await run_bisect(ref_b)
-    assert ref_calls[kill_at - 1].stage == "shrink"
+    assert ref_calls[kill_at - 1].stage.startswith("shrink")
 
     out = tmp_path / "b"
     calls: list[Trial] = []

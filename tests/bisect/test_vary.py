@@ -20,10 +20,13 @@ from replayer.bisect.vary import Launch, Variant, apply, default_variants, load_
 from replayer.emulator.faults import ENV_DEFAULTS
 from replayer.errors import UsageError
 from replayer.replay.plan import select
+from replayer.replay.policy import Aborts, ReplayPolicy
 from replayer.session import TrialResult
 from replayer.target.process import split_command
 from replayer.trace import Trace
+from replayer.trace.model import RequestRecord, TraceMeta
 from replayer.trace.synth import SynthOptions, write_trace
+from replayer.trace.writer import TraceWriter
 
 pytestmark = pytest.mark.inprocess
 
@@ -170,6 +173,7 @@ def shipped(cmd=VLLM, rocm=False, **environ):
 def test_the_shipped_list_against_a_plain_cuda_launch():
     d = shipped()
     assert list(d) == [
+        "no-speculative-decoding",  # first: the likeliest lead for a decode-time fault
         "no-prefix-caching",
         "no-chunked-prefill",
         "half-batched-tokens",
@@ -179,7 +183,7 @@ def test_the_shipped_list_against_a_plain_cuda_launch():
         "no-aiter",
         "no-aiter-mla",
         "other-attention-backend",
-        "no-speculative-decoding",
+        "complete-aborts",
     ]
     tail = {name: run_as(a)[0][5:] for name, (_, a) in d.items() if a.launch}
     assert tail == {
@@ -190,7 +194,9 @@ def test_the_shipped_list_against_a_plain_cuda_launch():
         "enforce-eager": ["--enforce-eager"],
         "flip-kv-cache-dtype": ["--kv-cache-dtype", "fp8"],
         "other-attention-backend": [],
+        "complete-aborts": [],  # client side: the launch as it is
     }
+    assert d["complete-aborts"][1].change == "--aborts complete"
     assert run_as(d["other-attention-backend"][1])[1] == {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}
     assert d["half-batched-tokens"][0].note == (
         "half vLLM's default 8192 for vllm serve on a GPU of 70 GiB or more; the launch sets none"
@@ -293,7 +299,7 @@ V = "[[variant]]\nname = 'a'\n"
         (V + "add = '--x'\n", "variant 1 (a): 'add' must be a list of non-empty strings"),
         (
             V + "foo = 1\nadd = ['--x']\n",
-            "variant 1: unknown key(s) foo (have name, add, remove, env, unset_env, means)",
+            "variant 1: unknown key(s) foo (have name, add, remove, env, unset_env, aborts, means)",
         ),
         ("[[variant]]\nadd = ['--x']\n", "variant 1: 'name' must be a word"),
         (V, "variant 1 (a): changes nothing"),
@@ -319,7 +325,10 @@ def test_bad_sources(tmp_path):
     p.write_text('[{"name": "enforce-eager", "add": ["--enforce-eager"]}]')
     with pytest.raises(UsageError, match="variant name.s. enforce-eager given twice"):
         make_plan([str(p), "default"], VLLM)
-    with pytest.raises(UsageError, match="no shipped variant nope; have no-prefix-caching, "):
+    with pytest.raises(
+        UsageError,
+        match="no shipped variant nope; have no-speculative-decoding, no-prefix-caching, ",
+    ):
         make_plan(["default:enforce-eager,nope"], VLLM)
     p.write_text('[{"name": "unmodified", "add": ["--x"]}]')
     with pytest.raises(UsageError, match="the name 'unmodified' is the control row's"):
@@ -483,6 +492,57 @@ async def test_run_plan_runs_the_control_and_each_variant_and_resumes(tmp_path):
     assert len(other.envs) == 4
 
 
+def test_an_aborts_variant_is_read_from_a_file_and_refuses_other_values(tmp_path):
+    p = tmp_path / "v.toml"
+    p.write_text("[[variant]]\nname = 'wait'\naborts = 'complete'\n")
+    (v,) = load_file(p)
+    assert v.aborts is Aborts.COMPLETE and apply(v, launch()).launch == VLLM
+    p.write_text("[[variant]]\nname = 'wait'\naborts = 'never'\n")
+    with pytest.raises(UsageError, match="'aborts' must be 'replay' or 'complete'"):
+        load_file(p)
+
+
+class AbortSession(FakeSession):
+    """Crashes only when the trial replays the client's aborts."""
+
+    policy = ReplayPolicy()
+
+    async def trial(self, out, *, rows, slot, policy=None, trace=None, chase=None):
+        slot.runs.append(out)
+        if policy is not None and policy.aborts is Aborts.COMPLETE:
+            return TrialResult(Outcome.PASS, None)
+        return TrialResult(Outcome.MATCH, None, failure_class="process_exit")
+
+
+@pytest.mark.parametrize("aborted", [True, False])
+async def test_the_aborts_variant_replays_with_complete_and_reads_needs_an_abort(tmp_path, aborted):
+    meta = {"abort": {"after_chunks": 3, "after_us": 1000}} if aborted else None
+    rec = RequestRecord.from_body(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        request_id="r0",
+        session_id="s",
+        turn=0,
+        start_us=0,
+        meta=meta,
+    )
+    with TraceWriter(tmp_path / "t.arrow", TraceMeta(source="test")) as w:
+        w.add(rec)
+    trace = Trace.open(tmp_path / "t.arrow")
+    plan = make_plan(["default:complete-aborts"], VLLM, 5, environ={})
+    f = AbortSession()
+    report = await vary.run_plan(
+        plan, [0], tmp_path / "v", f, key="k", trace=trace, say=lambda m: None
+    )
+    (row,) = report["variants"]
+    if aborted:
+        assert (row["crashes"], row["runs"], row["verdict"]) == (0, 5, "gone")
+        assert [e.cmd for e in f.envs] == [VLLM, VLLM]  # the launch as it is
+        assert report["reading"] == "needs a client abort"
+    else:
+        assert row["skipped"] == "no request of the repro was abandoned by its client"
+        assert [e.cmd for e in f.envs] == [VLLM]  # the control only
+
+
 async def test_the_bisect_hook_fills_the_manifest_and_opens_the_readme(tmp_path):
     path = tmp_path / "t.arrow"
     write_trace(path, SynthOptions(sessions=2, turns=3, context=2_000, model="m", seed=1))
@@ -515,6 +575,11 @@ async def test_the_bisect_hook_fills_the_manifest_and_opens_the_readme(tmp_path)
         **v,
     }
     readme = (tmp_path / "b" / "bundle" / "README.md").read_text().splitlines()
+    # the threshold line first, then the table (then reliability, signatures)
+    assert readme[2].startswith("The requests are shrunk inside")
+    at = readme.index("## What makes it go away")
+    assert at == 4
+    readme = readme[at - 2 :]
     assert readme[:10] == [
         readme[0],
         "",

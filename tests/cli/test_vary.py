@@ -105,7 +105,7 @@ def test_vary_usage_errors(tmp_path):
     )
     assert_one_line_error(
         run(*bisect, "--launch", "vllm serve m", "--vary", "default:enforce-eager,nope"),
-        "--vary default:enforce-eager,nope: no shipped variant nope; have no-prefix-caching",
+        "--vary default:enforce-eager,nope: no shipped variant nope; have no-speculative-decoding",
     )
     assert_one_line_error(
         run(*bisect, "--launch", "vllm serve m", "--vary", "default", "--vary-runs", "0"),

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from replayer._async import Signal
-from replayer.bisect.oracle import Outcome
+from replayer.bisect.oracle import Candidate, Oracle, Outcome
 from replayer.bisect.pipeline import Bisect, BisectOptions
 from replayer.bisect.runner import Observation, Trial
 from replayer.replay.plan import select
 from replayer.replay.policy import Timing
+from replayer.testing.fakes import FakeRunner
 from replayer.trace import RequestRecord, Trace, TraceMeta, TraceWriter
+from replayer.trace.schema import Kind
 from tests.helpers.net import free_port
 
 SESSIONS, TURNS = 6, 5
@@ -182,3 +184,92 @@ class PooledPair(PlantedPair):
             return replace(obs, server=server)
         finally:
             self._give(server)
+
+
+# -- the oracle on a fake runner (tests/bisect/test_search.py and others) --
+
+
+def make_oracle(tmp_path, culprits, p=1.0, seed=0, **kw):
+    tmp_path.mkdir(exist_ok=True)
+    runner = FakeRunner(frozenset(culprits), p=p, seed=seed, **kw)
+    return Oracle(runner, tmp_path / f"journal-{seed}-{len(culprits)}.jsonl"), runner
+
+
+async def calibrate(oracle, runner, items, matches=5, runs=12):
+    """As the pipeline does first: the full set until 5 matches or 12 runs."""
+    full = Candidate(tuple(sorted(items)))
+    for _ in range(runs):
+        if oracle.counts(full)[Outcome.MATCH] >= matches:
+            break
+        await oracle.run_once(full, "calibrate")
+    runner.calls.clear()
+    return bool(oracle.matched)
+
+
+def prefixes(j):
+    return Candidate(tuple(range(j)))
+
+
+async def prefix_stage(oracle, n, *, recheck=2):
+    """The pipeline's prefix stage: a binary search re-checked when the crash
+    looked steady, the posterior search otherwise."""
+    steady = oracle.repeats(upto=oracle.mark("prefix")) == 1
+    return await oracle.flaky_prefix(
+        n, prefixes, binary_first=steady, recheck=recheck, length_of=lambda reached: reached
+    )
+
+
+# -- token-id prompts for the shrink stage --
+
+BS = 16
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def blocks_trace(tmp_path) -> Trace:
+    """a0 (80 blocks) and b0 (111 blocks, its first 50 shared with a0), among
+    three requests that share nothing."""
+    plan = [
+        ("n0", list(range(1000, 1040))),
+        ("a0", list(range(1, 81))),
+        ("n1", list(range(2000, 2060))),
+        ("b0", [*range(1, 51), *range(200, 261)]),
+        ("n2", list(range(3000, 3090))),
+    ]
+    p = tmp_path / "blocks.arrow"
+    with TraceWriter(p, TraceMeta(source="test")) as w:
+        for i, (rid, blocks) in enumerate(plan):
+            w.add(
+                RequestRecord(
+                    request_id=rid,
+                    session_id=rid[0],
+                    turn=0,
+                    start_us=i * 10_000,
+                    kind=Kind.BLOCKS,
+                    params={"model": "m", "max_tokens": 8},
+                    content=blocks,
+                    block_size=BS,
+                    input_tokens=len(blocks) * BS,
+                )
+            )
+    return Trace.open(p)
+
+
+def long_prompt_after_a_hit(trial: Trial) -> Observation:
+    """Crashes when a prompt of >= 1,500 tokens shares >= 480 tokens with an
+    earlier prompt of the trial (a prefix-cache hit)."""
+    bodies = trial.bodies()
+    ids = trial.request_ids()
+    for i, body in enumerate(bodies):
+        prompt = body["prompt"]
+        hit = max((common_prefix(prompt, b["prompt"]) for b in bodies[:i]), default=0)
+        if len(prompt) >= 1500 and hit >= 480:
+            return Observation(Outcome.MATCH, signature="planted", failed_request=ids[i])
+    return Observation(Outcome.PASS)
