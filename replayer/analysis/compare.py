@@ -233,6 +233,14 @@ SPEC_DECODE_ROWS = (
 )
 
 
+SPEC_DECODE_PER_REQUEST_ROWS = (
+    ("requests", "spec-decode requests reporting", ""),
+    ("acceptance_rate_p50", "spec-decode acceptance p50 over requests", ""),
+    ("acceptance_rate_p10", "spec-decode acceptance p10 over requests", ""),
+)
+"""Rows from the figures requests reported themselves, where a server sent them."""
+
+
 def _spec_decode_rows(configs: Sequence[Config], row: Callable[..., None]) -> None:
     """Speculative-decoding rows when any config's server had it; a config
     without it shows ``-`` (its acceptance is not zero, it did not draft)."""
@@ -244,6 +252,13 @@ def _spec_decode_rows(configs: Sequence[Config], row: Callable[..., None]) -> No
         values = {lab: (s or {}).get(key) for lab, s in by.items()}
         vs = {c.label: _plain_ratio(values[c.label], values[base]) for c in configs[1:]}
         row(f"spec_decode_{key}", label, unit, values, vs)
+    per = {lab: (s or {}).get("per_request") for lab, s in by.items()}
+    if not any(per.values()):
+        return
+    for key, label, unit in SPEC_DECODE_PER_REQUEST_ROWS:
+        values = {lab: (p or {}).get(key) for lab, p in per.items()}
+        vs = {c.label: _plain_ratio(values[c.label], values[base]) for c in configs[1:]}
+        row(f"spec_decode_per_request_{key}", label, unit, values, vs)
 
 
 def compare_group(title: str, configs: Sequence[Config], opts: CompareOptions) -> dict[str, Any]:

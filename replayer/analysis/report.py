@@ -309,6 +309,7 @@ def spec_decode_table(run: RunData) -> str:
             "-" if rate is None else f"{rate:.1%}",
             "-" if length is None else f"{length:.2f}",
             _e(", ".join(f"{n:,}" for n in s.get("accepted_per_position") or [])) or "-",
+            _per_request_cell(s.get("per_request")),
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     if not rows:
@@ -316,13 +317,27 @@ def spec_decode_table(run: RunData) -> str:
     head = (
         "<tr><th>target</th><th>drafts</th><th>draft tokens</th><th>accepted</th>"
         "<th>acceptance rate</th><th>mean acceptance length</th>"
-        "<th>accepted by position</th></tr>"
+        "<th>accepted by position</th><th>per request</th></tr>"
     )
     return (
         '<section id="spec-decode"><h2>Speculative decoding</h2><div class="tablewrap"><table>'
         f"{head}{''.join(rows)}</table></div>"
         '<p class="muted">From the server\'s own '
-        "counters over the run (vLLM counts them per engine, not per request).</p></section>"
+        "counters over the run (vLLM counts them per engine); per request: the requests that "
+        "reported their own figures and the p50/p10 of their acceptance rates.</p></section>"
+    )
+
+
+def _per_request_cell(p: dict[str, Any] | None) -> str:
+    if not p:
+        return "-"
+
+    def pc(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    return (
+        f"{p['requests']:,} requests, p50 {pc(p.get('acceptance_rate_p50'))}, "
+        f"p10 {pc(p.get('acceptance_rate_p10'))}"
     )
 
 

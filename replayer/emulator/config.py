@@ -85,6 +85,10 @@ class EmulatorConfig:
     speculative_config: str | None = None
     """``--speculative-config``: reported, testable by fault rules, and counted in
     the ``vllm:spec_decode_*`` metrics (no real drafting)."""
+    per_request_spec_decode_metrics: str = "none"
+    """``--per-request-spec-decode-metrics``: ``summary`` or ``detailed`` add
+    vLLM's ``metrics.speculative_decoding`` to chat and completions responses
+    (with speculative decoding only), consistent with the counters."""
     enable_fault_tolerance: bool = False
     """``--enable-fault-tolerance``: a faulting engine may be kept UNHEALTHY (the
     ``unhealthy`` fault) and ``GET /fault_tolerance/status`` exists, as in vLLM."""
@@ -382,6 +386,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "spec_decode metrics (no real drafting)",
     )
     s.add_argument(
+        "--per-request-spec-decode-metrics",
+        choices=("none", "summary", "detailed"),
+        default="none",
+        help="add each request's speculative-decoding figures to chat and completions "
+        "responses (metrics.speculative_decoding), as vLLM does",
+    )
+    s.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="report prompt_tokens_details.cached_tokens",
@@ -528,6 +539,7 @@ def config_from_args(
         enable_chunked_prefill=args.enable_chunked_prefill,
         enforce_eager=args.enforce_eager,
         speculative_config=args.speculative_config,
+        per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
         enable_fault_tolerance=args.enable_fault_tolerance,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,

@@ -533,6 +533,7 @@ class Engine:
         bs = self.cfg.block_size
         scheduled = 0
         new_tokens = 0
+        spec = self.metrics.spec_decode
         for req, n in batch:
             scheduled += n
             if req.phase != RUNNING:
@@ -546,6 +547,10 @@ class Engine:
                 continue  # mid-prefill chunk
             req.num_output += 1
             new_tokens += 1
+            if spec is not None:  # drafts counted per request, in batch order
+                if req.spec_steps is None:
+                    req.spec_steps = []
+                spec.observe(1, req.spec_steps)
             if req.first_token is None:
                 req.first_token = now
                 self.prompt_tokens_done += req.prompt_len
@@ -558,7 +563,7 @@ class Engine:
                 self._finish(req, req.length_reason)
             req.event.set()
         self.generated += new_tokens
-        self.metrics.generation_tokens.inc(new_tokens)
+        self.metrics.generation_tokens.counter.inc(new_tokens)
         self.metrics.iteration.observe(scheduled)
         self._gauges()
 

@@ -25,6 +25,7 @@ import orjson
 from aiohttp import web
 
 from replayer.emulator import tokenizer
+from replayer.emulator.metrics import spec_decode_object
 from replayer.emulator.parsing import (
     ApiError,
     Generation,
@@ -262,9 +263,25 @@ async def _unary(
     if g.chat:
         if g.tool_choice == "auto":
             rt.metrics.tool_parser(streaming=False)
-        body = chat_body(*args, created_cache(rt, g, req), weight_versions=cfg.profile == "0.33")
+        body = chat_body(
+            *args,
+            created_cache(rt, g, req),
+            weight_versions=cfg.profile == "0.33",
+            spec=spec_metrics(rt, req),
+        )
         return json_response(body)
-    return json_response(completion_body(*args, modern=cfg.modern))
+    return json_response(completion_body(*args, modern=cfg.modern, spec=spec_metrics(rt, req)))
+
+
+def spec_metrics(rt: Runtime, req: Request) -> dict[str, Any] | None:
+    """The request's ``metrics.speculative_decoding``, when the emulator was
+    launched with both ``--speculative-config`` and
+    ``--per-request-spec-decode-metrics summary|detailed`` (as vLLM 0.32)."""
+    level = rt.cfg.per_request_spec_decode_metrics
+    spec = rt.metrics.spec_decode
+    if level == "none" or spec is None:
+        return None
+    return spec_decode_object(req.spec_steps or [], spec.k, detailed=level == "detailed")
 
 
 def created_cache(rt: Runtime, g: Generation, req: Request) -> int | None:
@@ -341,7 +358,7 @@ async def _pump(
                 rt.metrics.tool_parser(streaming=True)
         if out.finish is not None and not out.cut:
             if shape.include_usage:
-                parts.append(shape.usage(req.num_output))
+                parts.append(shape.usage(req.num_output, spec_metrics(rt, req)))
             parts.append(DONE)
         return parts
 

@@ -27,6 +27,7 @@ vLLM's do.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -274,8 +275,10 @@ class SpecDecode:
         self.per_pos = [per_pos.labels(**kv, position=str(p)) for p in range(k)]
         self._n = 0
 
-    def observe(self, tokens: int) -> None:
-        """``tokens`` generated: one draft each, accepting 0, 1, ..., k in turn."""
+    def observe(self, tokens: int, steps: list[int] | None = None) -> None:
+        """``tokens`` generated: one draft each, accepting 0, 1, ..., k in turn;
+        each draft's accepted count is appended to ``steps`` (the request's own
+        record, so its figures sum to the counters)."""
         for _ in range(max(0, tokens)):
             j = self._n % (self.k + 1)
             self._n += 1
@@ -284,6 +287,34 @@ class SpecDecode:
             self.accepted.inc(j)
             for p in range(j):
                 self.per_pos[p].inc()
+            if steps is not None:
+                steps.append(j)
+
+
+def spec_decode_object(steps: list[int], k: int, *, detailed: bool = False) -> dict[str, Any]:
+    """A request's ``metrics.speculative_decoding`` as vLLM 0.32 sends it
+    (``RequestSpecDecodeMetrics.to_dict`` in ``vllm/v1/metrics/stats.py``):
+    ``acceptance_histogram[j]`` counts the steps that accepted j draft tokens;
+    every step here proposed ``k``."""
+    hist = [0] * (k + 1)
+    for j in steps:
+        hist[j] += 1
+    n = len(steps)
+    accepted = sum(steps)
+    drafted = n * k
+    out: dict[str, Any] = {
+        "mean_acceptance_length": 1.0 + accepted / n if n else 1.0,
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_histogram": hist,
+        "num_spec_steps": n,
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted,
+        "num_spec_tokens": k,
+    }
+    if detailed and steps:
+        out["per_step_accepted"] = list(steps)
+        out["per_step_drafted"] = [k] * n
+    return out
 
 
 class _Generated:
@@ -293,10 +324,11 @@ class _Generated:
         self.counter = counter
         self.spec = spec
 
-    def inc(self, amount: float = 1) -> None:
+    def inc(self, amount: float = 1, steps: list[int] | None = None) -> None:
+        """``steps``: the generating request's record (see :meth:`SpecDecode.observe`)."""
         self.counter.inc(amount)
         if self.spec is not None:
-            self.spec.observe(int(amount))
+            self.spec.observe(int(amount), steps)
 
 
 class Metrics:

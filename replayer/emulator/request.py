@@ -78,6 +78,9 @@ class Request:
     finish: str | None = None
     error: str | None = None
     cut: bool = False
+    spec_steps: list[int] | None = None
+    """With speculative decoding: the draft tokens each of its verify steps
+    accepted, in order (what ``metrics.speculative_decoding`` reports)."""
     event: asyncio.Event = field(default_factory=asyncio.Event)
     """Set whenever there is something new for the handler."""
 

@@ -243,13 +243,17 @@ class StreamShape:
             + (b',"kv_transfer_params":null}\n\n' if self.tail_fields else b"}\n\n")
         )
 
-    def usage(self, completion: int) -> bytes:
-        """The final ``include_usage`` chunk (``exclude_none``)."""
+    def usage(self, completion: int, spec: dict[str, Any] | None = None) -> bytes:
+        """The final ``include_usage`` chunk (``exclude_none``); ``spec``: the
+        request's ``metrics.speculative_decoding``, last (vLLM 0.32 puts
+        ``metrics`` after ``system_fingerprint`` and, in chat, the unset
+        ``prompt_token_ids``/``prompt_text``)."""
         fp = (
             b"" if self.fingerprint is None else b',"system_fingerprint":' + dumps(self.fingerprint)
         )
         u = usage_final(self.prompt_tokens, completion, self.cached, self.created_cache)
-        return self._head() + b',"choices":[],"usage":' + dumps(u) + fp + b"}\n\n"
+        m = b"" if spec is None else b',"metrics":' + dumps({"speculative_decoding": spec})
+        return self._head() + b',"choices":[],"usage":' + dumps(u) + fp + m + b"}\n\n"
 
 
 # -- non-streaming bodies -----------------------------------------------------------------
@@ -267,8 +271,10 @@ def chat_body(
     cached: int | None,
     created_cache: int | None = None,
     weight_versions: bool = True,
+    spec: dict[str, Any] | None = None,
 ) -> bytes:
-    """``weight_versions`` False: 0.32's choice without that field."""
+    """``weight_versions`` False: 0.32's choice without that field; ``spec``:
+    the request's ``metrics.speculative_decoding``."""
     choice: dict[str, Any] = {
         "index": 0,
         "message": {
@@ -303,9 +309,27 @@ def chat_body(
             "prompt_text": None,
             "kv_transfer_params": None,
             "ec_transfer_params": None,
-            "metrics": None,
+            "metrics": body_metrics(spec),
         }
     )
+
+
+def body_metrics(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A body's ``metrics`` (``model_dump`` keeps nulls): vLLM 0.32's
+    ``PerRequestMetrics`` with only ``speculative_decoding`` set, or None."""
+    if spec is None:
+        return None
+    sd = {**spec}
+    sd.setdefault("per_step_accepted", None)
+    sd.setdefault("per_step_drafted", None)
+    return {
+        "time_to_first_token_ms": None,
+        "generation_time_ms": None,
+        "queue_time_ms": None,
+        "mean_itl_ms": None,
+        "tokens_per_second": None,
+        "speculative_decoding": sd,
+    }
 
 
 def completion_body(
@@ -319,6 +343,7 @@ def completion_body(
     completion: int,
     cached: int | None,
     modern: bool = True,
+    spec: dict[str, Any] | None = None,
 ) -> bytes:
     """Field order of vLLM's CompletionResponse (measured on 0.32; ``modern``
     False drops what 0.32 added over the older inferred shape)."""
@@ -346,7 +371,7 @@ def completion_body(
     if modern:
         choice["routed_experts"] = None
         body["ec_transfer_params"] = None
-        body["metrics"] = None
+        body["metrics"] = body_metrics(spec)
     return dumps(body)
 
 

@@ -220,6 +220,9 @@ class HTTPTransport(Transport):
         result.prompt_tokens = stats.prompt_tokens
         result.completion_tokens = stats.completion_tokens
         result.cached_tokens = stats.cached_tokens
+        result.spec_drafts = stats.spec_drafts
+        result.spec_draft_tokens = stats.spec_draft_tokens
+        result.spec_accepted_tokens = stats.spec_accepted_tokens
         result.finish_reason = stats.finish_reason
         result.output_hash = stats.output_hash if result.status is Status.OK else None
         if request.keep_text:

@@ -71,6 +71,13 @@ class Result:
     itl_max_us: int | None = None
     finish_reason: str | None = None
     output_text: str | None = None
+    spec_drafts: int | None = None
+    """Speculative decoding, as the server reported it for this request (vLLM
+    ``--per-request-spec-decode-metrics``): verify steps, draft tokens
+    proposed, draft tokens accepted. None when it reported none; columns a
+    results file from before them lacks read as None."""
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
 
     @property
     def lag_us(self) -> int | None:
@@ -104,6 +111,9 @@ _TYPES: dict[str, pa.DataType] = {
     "itl_max_us": pa.int64(),
     "finish_reason": pa.string(),
     "output_text": pa.string(),
+    "spec_drafts": pa.int64(),
+    "spec_draft_tokens": pa.int64(),
+    "spec_accepted_tokens": pa.int64(),
 }
 FIELDS = [f.name for f in fields(Result)]
 SCHEMA = pa.schema(
@@ -244,6 +254,12 @@ def close_open_writers() -> None:
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
-    """All result rows of a run (a killed run's torn tail is dropped)."""
-    rows: list[dict[str, Any]] = read_stream(path).to_pylist()
+    """All result rows of a run (a killed run's torn tail is dropped). A
+    column a file from an older replayer lacks (one added since) reads as None."""
+    table = read_stream(path)
+    rows: list[dict[str, Any]] = table.to_pylist()
+    missing = [n for n in FIELDS if n not in table.column_names] if table.num_columns else []
+    for row in rows if missing else ():
+        for n in missing:
+            row[n] = None
     return rows

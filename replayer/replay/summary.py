@@ -119,7 +119,7 @@ def summarize_target(
         "exercised": exercised(len(sent), len(rejected)),
         "first_rejection": _rejection(min(rejected, key=_seq)) if rejected else None,
         **_cached(ok, prefix_cache, failed=failure is not None),
-        "spec_decode": _spec_decode(spec_decode, failed=failure is not None),
+        "spec_decode": _spec_decode(spec_decode, results, failed=failure is not None),
         **({"by_api": by_api(results, api_of)} if api_of is not None else {}),
     }
 
@@ -170,23 +170,85 @@ def _cached(
     return {"cached_tokens": None, "cached_tokens_source": None, "prefix_cache_hit_ratio": None}
 
 
-def _spec_decode(figures: dict[str, Any] | None, *, failed: bool) -> dict[str, Any] | None:
+def _spec_decode(
+    figures: dict[str, Any] | None, results: Sequence[Result], *, failed: bool
+) -> dict[str, Any] | None:
     """Drafts and acceptance from the server's ``vllm:spec_decode_*`` counters
-    (per run: vLLM counts them per engine, not per request); None when the
-    server has no speculative decoding or no metrics."""
-    if figures is None:
+    (per run: vLLM counts them per engine), with ``per_request`` where the
+    server also sent each request's figures; the run's figures from those
+    alone (``source: responses``) when it had no metrics. None when neither."""
+    per = _spec_per_request(results)
+    if figures is not None:
+        source = "metrics_before_failure" if failed else "metrics"
+        return {**figures, "source": source, "per_request": per}
+    if per is None:
         return None
-    return {**figures, "source": "metrics_before_failure" if failed else "metrics"}
+    drafts, drafted, accepted = per["drafts"], per["draft_tokens"], per["accepted_tokens"]
+    return {
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": per["acceptance_rate"],
+        "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+        "accepted_per_position": None,
+        "source": "responses",
+        "per_request": per,
+    }
+
+
+def _spec_per_request(results: Sequence[Result]) -> dict[str, Any] | None:
+    """The figures requests reported themselves (vLLM
+    ``--per-request-spec-decode-metrics``): how many, their totals, and the
+    spread of their acceptance rates (nearest-rank p10/p50 over the requests
+    that drafted; a request that drafted nothing has no rate)."""
+    rep = [r for r in results if r.spec_draft_tokens is not None]
+    if not rep:
+        return None
+    drafted = sum(r.spec_draft_tokens or 0 for r in rep)
+    accepted = sum(r.spec_accepted_tokens or 0 for r in rep)
+    rates = sorted(
+        (r.spec_accepted_tokens or 0) / r.spec_draft_tokens for r in rep if r.spec_draft_tokens
+    )
+
+    def pct(q: float) -> float | None:
+        v = percentile(rates, q)
+        return None if v is None else round(v, 4)
+
+    return {
+        "requests": len(rep),
+        "drafts": sum(r.spec_drafts or 0 for r in rep),
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "acceptance_rate_p50": pct(50),
+        "acceptance_rate_p10": pct(10),
+    }
 
 
 def spec_decode_text(s: dict[str, Any]) -> str:
-    """One line: draft and accepted tokens and the acceptance rate."""
+    """One line: draft and accepted tokens and the acceptance rate, then the
+    spread over requests where they reported it."""
     rate = s.get("acceptance_rate")
     length = s.get("mean_acceptance_length")
     return (
         f"speculative decoding: {s['accepted_tokens']:,} of {s['draft_tokens']:,} draft tokens "
         f"accepted ({'-' if rate is None else f'{rate:.1%}'}) over {s['drafts']:,} drafts"
         + ("" if length is None else f", mean acceptance length {length:.2f}")
+        + spec_per_request_text(s.get("per_request"))
+    )
+
+
+def spec_per_request_text(p: dict[str, Any] | None) -> str:
+    """``; per request (N): acceptance p50 X, p10 Y`` or nothing."""
+    if not p:
+        return ""
+
+    def pc(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    return (
+        f"; per request ({p['requests']:,}): acceptance p50 {pc(p.get('acceptance_rate_p50'))}"
+        f", p10 {pc(p.get('acceptance_rate_p10'))}"
     )
 
 

@@ -132,6 +132,20 @@ class Accumulator:
         r.completion_tokens = _int(completion, r.completion_tokens)
         r.cached_tokens = _int(cached, r.cached_tokens)
 
+    def _spec_decode(self, obj: dict[str, Any]) -> None:
+        """vLLM's per-request ``metrics.speculative_decoding`` (experimental,
+        0.32: ``SpeculativeDecodingMetrics`` in
+        ``vllm/entrypoints/generate/base/protocol.py``), where present: on the
+        final body, or the final usage chunk of a stream."""
+        m = obj.get("metrics")
+        sd = m.get("speculative_decoding") if isinstance(m, dict) else None
+        if not isinstance(sd, dict):
+            return
+        r = self.reply
+        r.spec_drafts = _int(sd.get("num_spec_steps"), r.spec_drafts)
+        r.spec_draft_tokens = _int(sd.get("num_draft_tokens"), r.spec_draft_tokens)
+        r.spec_accepted_tokens = _int(sd.get("num_accepted_draft_tokens"), r.spec_accepted_tokens)
+
 
 def _int(v: Any, default: int | None) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else default

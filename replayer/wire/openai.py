@@ -9,7 +9,11 @@ strings concatenated, ``index`` and ``type`` not). Completions chunks carry
 ""}``) carries no output, so the first token is the first chunk with text,
 reasoning or a tool-call fragment. ``usage`` comes in the last chunk (or in
 every chunk with ``continuous_usage_stats``), ``prompt_tokens_details
-.cached_tokens`` only with ``--enable-prompt-tokens-details``.
+.cached_tokens`` only with ``--enable-prompt-tokens-details``. With
+``--per-request-spec-decode-metrics`` and speculative decoding, vLLM 0.32 adds
+``metrics.speculative_decoding`` beside the usage (the body's, or the stream's
+final usage chunk, so only with ``include_usage``); its Responses and Messages
+endpoints send none.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class _Choices(Accumulator):
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self._openai_usage(usage)
+            self._spec_decode(obj)
         choices = obj.get("choices")
         if not isinstance(choices, list):
             return False
@@ -53,6 +58,7 @@ class _Choices(Accumulator):
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self._openai_usage(usage)
+            self._spec_decode(obj)
         choices = obj.get("choices")
         if not isinstance(choices, list):
             return

@@ -74,6 +74,12 @@ class Reply:
     """All prompt tokens, cached ones included, whatever the API calls them."""
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    spec_drafts: int | None = None
+    """Speculative decoding, this request's verify steps (vLLM's experimental
+    ``metrics.speculative_decoding``, sent only with
+    ``--per-request-spec-decode-metrics``; None when the server sent none)."""
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
     error: str | None = None
     """The message of an error body or in-stream error event."""
     error_type: str | None = None

@@ -201,3 +201,42 @@ async def test_a_parent_turn_reaches_the_server_after_its_sub_agent_ended(
     # the sub-agent's turns all came between its launch and its parent's next turn
     seq = [log[rid[r]]["session"] for r in sorted(rows, key=lambda r: log[rid[r]]["seq"])]
     assert seq == ["trace_0003"] + ["trace_0003/agent_001"] * 10 + ["trace_0003"] * 3
+
+
+@pytest.mark.inprocess
+async def test_a_bisect_that_removes_a_sub_agent_still_replays(tmp_path):
+    """A whole bisect over the joined trace, each trial a real replay on
+    virtual time. The crash needs p1 with sub-agent B's result: candidates
+    without sub-agent A (whose last turn p1 joins on) still send every
+    request they hold, and the result is B's turn and p1."""
+    from replayer.bisect.oracle import Outcome
+    from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
+    from replayer.bisect.runner import FunctionRunner, Observation, Trial
+
+    trace = make_trace(tmp_path / "t.arrow")
+    sent: list[tuple[list[str], dict[str, float]]] = []
+
+    async def run(trial: Trial) -> Observation:
+        at, _ = await vreplay(trial.out, trial.trace, trial.policy, rows=list(trial.rows))
+        sent.append((trial.request_ids(), at))
+        if {"b0", "p1"} <= set(at):
+            return Observation(Outcome.MATCH, signature="planted", failed_request="p1")
+        return Observation(Outcome.PASS)
+
+    opts = BisectOptions(
+        stages=("calibrate", "cut", "prefix", "sessions", "turns"),
+        calibrate_matches=2,
+        calibrate_runs=3,
+        confirm=2,
+    )
+    b = Bisect(trace, select(trace), FunctionRunner(run), tmp_path / "b", opts,
+               policy=ReplayPolicy(timing=Timing.ASAP), say=lambda m: None)  # fmt: skip
+    res = await run_bisect(b)
+    assert res.status == "complete" and res.requests == ["b0", "p1"]
+    without_a = [(ids, at) for ids, at in sent if "p1" in ids and "a1" not in ids]
+    assert without_a  # the search did replay p1 without its sub-agent A
+    for ids, at in sent:
+        assert set(at) == set(ids), ids  # every request of every trial was sent
+    bundle = Trace.open(tmp_path / "b" / "bundle" / "trace.arrow")
+    after = dict(zip(bundle.column("request_id"), bundle.column("after"), strict=True))
+    assert after == {"b0": None, "p1": ["b0"]}  # p0 and a1 are gone, so are joins on them

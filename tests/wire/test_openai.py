@@ -305,3 +305,118 @@ def test_a_body_that_is_not_an_object():
     for raw in (b"[1,2]", b"nope"):
         acc = ChatAccumulator()
         assert acc.body(raw) is False and acc.reply.bad == 1 and acc.reply.error is None
+
+
+# -- per-request speculative decoding (vLLM --per-request-spec-decode-metrics) ------------
+
+# vLLM 0.32's SpeculativeDecodingMetrics (vllm/entrypoints/generate/base/protocol.py), as
+# RequestSpecDecodeMetrics.to_dict builds it (vllm/v1/metrics/stats.py): k = 3, five
+# verify steps accepting 0, 0, 1, 3, 3 draft tokens
+SPEC = (
+    b'{"mean_acceptance_length":2.4,"draft_acceptance_rate":0.4666666666666667,'
+    b'"acceptance_histogram":[2,1,0,2],"num_spec_steps":5,"num_accepted_draft_tokens":7,'
+    b'"num_draft_tokens":15,"num_spec_tokens":3'
+)
+# the chat stream's final usage chunk: model_dump_json(exclude_unset=True, exclude_none=True)
+# (vllm/entrypoints/openai/chat_completion/serving.py); metrics rides on it, after usage
+CHAT_USAGE_CHUNK = (
+    b'{"id":"chatcmpl-9f","object":"chat.completion.chunk","created":1796551768,'
+    b'"model":"tiny","choices":[],"usage":{"prompt_tokens":12,"total_tokens":18,'
+    b'"completion_tokens":6},"metrics":{"speculative_decoding":' + SPEC + b"}}}"
+)
+# completions: exclude_unset=False, exclude_none=True (completion/serving.py)
+COMPLETIONS_USAGE_CHUNK = (
+    b'{"id":"cmpl-9f","object":"text_completion","created":1796551768,"model":"tiny",'
+    b'"choices":[],"usage":{"prompt_tokens":12,"total_tokens":18,"completion_tokens":6},'
+    b'"metrics":{"speculative_decoding":' + SPEC + b"}}}"
+)
+# a body is JSONResponse(model_dump()): nulls kept, the `detailed` arrays null at `summary`
+BODY_METRICS = (
+    b'"metrics":{"time_to_first_token_ms":null,"generation_time_ms":null,'
+    b'"queue_time_ms":null,"mean_itl_ms":null,"tokens_per_second":null,'
+    b'"speculative_decoding":' + SPEC + b',"per_step_accepted":null,"per_step_drafted":null}}'
+)
+CHAT_BODY = (
+    b'{"id":"chatcmpl-9f","object":"chat.completion","created":1796551768,"model":"tiny",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"a b c d e f",'
+    b'"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],'
+    b'"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":null,'
+    b'"token_ids":null,"routed_experts":null}],"service_tier":null,'
+    b'"system_fingerprint":null,"usage":{"prompt_tokens":12,"total_tokens":18,'
+    b'"completion_tokens":6,"prompt_tokens_details":null},"prompt_logprobs":null,'
+    b'"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,'
+    b'"ec_transfer_params":null,' + BODY_METRICS + b"}"
+)
+COMPLETIONS_BODY = (
+    b'{"id":"cmpl-9f","object":"text_completion","created":1796551768,"model":"tiny",'
+    b'"choices":[{"index":0,"text":"a b c d e f","logprobs":null,"finish_reason":"length",'
+    b'"stop_reason":null,"token_ids":null,"prompt_logprobs":null,"prompt_token_ids":null,'
+    b'"routed_experts":null}],"service_tier":null,"system_fingerprint":null,'
+    b'"usage":{"prompt_tokens":12,"total_tokens":18,"completion_tokens":6,'
+    b'"prompt_tokens_details":null},"kv_transfer_params":null,"ec_transfer_params":null,'
+    + BODY_METRICS
+    + b"}"
+)
+
+
+def spec_of(r: Reply) -> tuple[int | None, int | None, int | None]:
+    return (r.spec_drafts, r.spec_draft_tokens, r.spec_accepted_tokens)
+
+
+@pytest.mark.parametrize(
+    ("acc_type", "delta", "usage_chunk"),
+    [
+        (ChatAccumulator, {"delta": {"content": "a b c d e f"}}, CHAT_USAGE_CHUNK),
+        (CompletionsAccumulator, {"text": "a b c d e f"}, COMPLETIONS_USAGE_CHUNK),
+    ],
+)
+def test_per_request_spec_decode_from_the_streams_usage_chunk(acc_type, delta, usage_chunk):
+    acc = acc_type(Reply())
+    acc.event(Event(orjson.dumps({"choices": [{"index": 0, **delta}]})), 0.0)
+    assert spec_of(acc.reply) == (None, None, None)  # not before the usage chunk
+    acc.event(Event(usage_chunk), 1.0)
+    acc.event(Event(b"[DONE]"), 1.0)
+    r = acc.reply
+    assert spec_of(r) == (5, 15, 7)
+    assert (r.completion_tokens, r.chunks, r.done) == (6, 1, True)
+
+
+@pytest.mark.parametrize(
+    ("acc_type", "body"),
+    [(ChatAccumulator, CHAT_BODY), (CompletionsAccumulator, COMPLETIONS_BODY)],
+)
+def test_per_request_spec_decode_from_a_whole_body(acc_type, body):
+    acc = acc_type(Reply(keep_text=True))
+    assert acc.body(body) is True
+    assert spec_of(acc.reply) == (5, 15, 7)
+    assert acc.reply.text == "a b c d e f"
+    # the `detailed` level adds the per-step arrays; the totals read the same
+    detailed = body.replace(
+        b'"per_step_accepted":null,"per_step_drafted":null',
+        b'"per_step_accepted":[0,3,1,0,3],"per_step_drafted":[3,3,3,3,3]',
+    )
+    again = acc_type(Reply())
+    again.body(detailed)
+    assert spec_of(again.reply) == (5, 15, 7)
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        b"null",  # the server has per-request metrics off
+        b'{"time_to_first_token_ms":12.5,"generation_time_ms":40.0,"queue_time_ms":0.1,'
+        b'"mean_itl_ms":8.0,"tokens_per_second":150.0,"speculative_decoding":null}',
+        b'{"speculative_decoding":{"num_spec_steps":"5","num_draft_tokens":true}}',
+        b'"odd"',
+    ],
+)
+def test_no_per_request_spec_decode_reads_as_none(metrics):
+    body = CHAT_BODY.replace(
+        CHAT_BODY[CHAT_BODY.index(b'"metrics":') : -1], b'"metrics":' + metrics
+    )
+    acc = ChatAccumulator()
+    assert acc.body(body) is True
+    assert spec_of(acc.reply) == (None, None, None) and acc.reply.bad == 0
+    plain = ChatAccumulator()
+    plain.event(Event(CHAT_USAGE_CHUNK.replace(b',"metrics"', b',"x"')), 0.0)
+    assert spec_of(plain.reply) == (None, None, None)
