@@ -49,16 +49,6 @@ def _tally(recs: list[TrialRecord]) -> tuple[int, int]:
     return sum(r.outcome is Outcome.MATCH for r in recs), len(recs)
 
 
-async def _top_up(b: Search, cand: Candidate, runs: int, stage: str) -> tuple[int, int]:
-    """``cand``'s runs (journaled ones count) brought up to ``runs``."""
-    for _ in range(runs + b.oracle.infra_retries + 1):  # bounded: INFRA runs do not count
-        k, n = _tally(_runs(b, cand))
-        if n >= runs:
-            break
-        await b.oracle.run_many(cand, min(runs - n, b.oracle.width), stage)
-    return _tally(_runs(b, cand))
-
-
 async def keeps_rate(b: Search, before: Candidate, after: Candidate) -> tuple[bool, str]:
     """Is ``after`` (a cut of ``before`` that crashed at least once) not
     significantly rarer than ``before``? Runs are added one at a time, to
@@ -160,8 +150,13 @@ async def reliable_alternative(b: Search) -> dict[str, Any] | None:
     bigger = [replace(best, positions=ps) for ps in sorted(sets, key=len)]
     runs = max(b.opts.confirm, 5)
     for cand in bigger[:RELIABLE_CANDIDATES]:
-        kc, nc = await _top_up(b, cand, runs, "reliable")
-        if nc and kc / nc >= b.opts.reliable_rate:
+        kc, nc = _tally(_runs(b, cand))
+        for _ in range(runs + b.oracle.infra_retries + 1):  # bounded: one run a pass
+            if nc >= runs or kc + (runs - nc) < b.opts.reliable_rate * runs:
+                break  # measured, or it can no longer reach the rate: the next one
+            await b.oracle.run_once(cand, "reliable")
+            kc, nc = _tally(_runs(b, cand))
+        if nc >= runs and kc / nc >= b.opts.reliable_rate:
             return {
                 "positions": list(cand.positions),
                 "requests": [b.ids[b.rows[p]] for p in cand.positions],

@@ -208,13 +208,16 @@ def as_runner(runner: Runner | Session) -> Runner:
 
 def failing_request(failure: dict[str, Any] | None) -> str | None:
     """The request the server was processing when it failed: named by the
-    server's own evidence, or the client's only request in flight; None
-    where several were and the server did not say (every stream sees an
-    engine death at once, so the first to see it proves nothing, and the
-    bisect takes two different names as a crash striking at two places)."""
+    fault's own record, or the client's only request in flight; None where
+    several were in flight and no record named one. Every stream sees an
+    engine death at once, so the first to see it proves nothing; nor does
+    the request new in the scheduler's failing step, when the fault surfaced
+    a step or more after its trigger (a delayed or asynchronous error). The
+    bisect takes two different names as a crash striking at two places, so
+    only exact evidence may name one."""
     if not failure:
         return None
-    if failure.get("request_from") not in (None, "client") or not failure.get("inflight"):
+    if failure.get("request_from") == "fault" or not failure.get("inflight"):
         return failure.get("request_id")
     return None
 
