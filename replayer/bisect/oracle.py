@@ -76,6 +76,18 @@ class Candidate:
         )
 
 
+def spans(positions: Sequence[int]) -> list[list[int]]:
+    """Positions as sorted ``[start, stop)`` spans: a trial's served requests
+    are mostly one run of positions, so a journal line stays small."""
+    out: list[list[int]] = []
+    for p in sorted(set(positions)):
+        if out and out[-1][1] == p:
+            out[-1][1] = p + 1
+        else:
+            out.append([p, p + 1])
+    return out
+
+
 @dataclass
 class TrialRecord:
     trial: int
@@ -99,6 +111,11 @@ class TrialRecord:
     """1 + the last position sent by the time of the failure (None: not known)."""
     inflight: list[int] = field(default_factory=list)
     """Positions in flight at the failure."""
+    failed_at: int | None = None
+    """The position of ``failed_request`` (None: not known)."""
+    cleared: list[list[int]] | None = None
+    """Positions served in full before ``failed_request`` was sent, as
+    ``[start, stop)`` spans (None: not known); see :meth:`Oracle.scattered`."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -282,25 +299,41 @@ class Oracle:
         return repeats_for(max(lo, self.p_floor), alpha if alpha is not None else self.alpha)
 
     def scattered(self, upto: int | None = None) -> bool:
-        """Did the crash strike at more than one place? Matching runs that
-        name different failing requests (or, where no run names one, runs of
-        one candidate that failed at different points) are one flaky trigger
-        among several chances, not a deterministic crash: a trace whose every
+        """Did the crash strike at more than one place? A trace whose every
         request past the trigger adds a 30 % chance crashes on every run, yet
         a candidate holding only the trigger crashes 30 % of the time, and
-        one quiet run of it is no evidence it lacks the trigger."""
-        named: set[str] = set()
+        one quiet run of it is no evidence it lacks the trigger. The evidence:
+        a request named failing in one run that another run served in full
+        before its own failing request was sent (it did not crash that one);
+        where runs do not say what they served, any two different names;
+        where none names one, runs of one candidate that failed at
+        different points. Different names alone are no evidence: a
+        threshold crash across concurrent sessions meets its first
+        qualifying request at a different point on each run. Nor are
+        different failure points of runs that had several requests in flight
+        when they failed: which of them was sent last moves with the load."""
+        named: list[TrialRecord] = []
         points: dict[str, set[int]] = {}
         for key, recs in self.records.items():
             for r in recs:
                 if r.outcome is not Outcome.MATCH or (upto is not None and r.trial > upto):
                     continue
                 if r.failed_request is not None:
-                    named.add(r.failed_request)
-                elif r.reached is not None:
+                    named.append(r)
+                elif r.reached is not None and len(r.inflight) <= 1:
                     points.setdefault(key, set()).add(r.reached)
         if named:
-            return len(named) > 1
+            if len({r.failed_request for r in named}) == 1:
+                return False
+            if any(r.failed_at is None or r.cleared is None for r in named):
+                return True
+            at = {r.failed_at for r in named}
+            return any(
+                x != r.failed_at and any(a <= x < b for a, b in r.cleared or ())
+                for r in named
+                for x in at
+                if x is not None
+            )
         return any(len(v) > 1 for v in points.values())
 
     def counts(self, cand: Candidate) -> dict[Outcome, int]:

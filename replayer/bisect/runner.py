@@ -98,6 +98,13 @@ class Observation:
     stage drops every row after them without a search."""
     in_flight: Sequence[int] = ()
     """Rows in flight at the failure: their sessions are tried early."""
+    cleared: Sequence[int] | None = None
+    """Rows served in full before ``failed_request`` was sent (None: not
+    known). A deterministic trigger among them would have struck first: where
+    another run named one of them, the crash strikes at several places; where
+    none did, a threshold crash that met its first qualifying request at a
+    different point on each run (concurrent sessions racing) stays
+    deterministic."""
     server: int | None = None
     """Which server of a pool ran the trial (the journal records it)."""
 
@@ -179,8 +186,10 @@ class SessionRunner:
             raise NotExercised(res.unexercised)
         sent: list[int] | None = None
         in_flight: list[int] = []
+        cleared: list[int] | None = None
         if res.failure is not None and res.run is not None:
             sent, in_flight = failure_rows(trial.out, res.failure)
+            cleared = cleared_rows(trial.out, res.failure)
         sig = res.signature
         return Observation(
             res.outcome,
@@ -190,6 +199,7 @@ class SessionRunner:
             failed_request=failing_request(res.failure),
             sent=sent,
             in_flight=in_flight,
+            cleared=cleared,
             server=server,
         )
 
@@ -220,6 +230,27 @@ def failing_request(failure: dict[str, Any] | None) -> str | None:
     if failure.get("request_from") == "fault" or not failure.get("inflight"):
         return failure.get("request_id")
     return None
+
+
+def cleared_rows(run: Path, failure: dict[str, Any]) -> list[int] | None:
+    """Rows served in full (status ``ok``) before the failing request was
+    sent: the requests that met the server first and did not crash it. None
+    where no request is named by exact evidence (:func:`failing_request`) or
+    its dispatch is not in the results. Done before the dispatch, not merely
+    dispatched before it: two requests sent together can reach the engine in
+    either order."""
+    rid = failing_request(failure)
+    if rid is None:
+        return None
+    results = list(read_results(run / "results.arrow"))
+    sent_at = next((r["dispatched_us"] for r in results if r["request_id"] == rid), None)
+    if sent_at is None:
+        return None
+    return [
+        r["row"]
+        for r in results
+        if r["status"] == "ok" and r["done_us"] is not None and r["done_us"] < sent_at
+    ]
 
 
 def failure_rows(run: Path, failure: dict[str, Any]) -> tuple[list[int], list[int]]:

@@ -23,7 +23,7 @@ import orjson
 from replayer._clock import REAL, Clock
 from replayer._files import writing
 from replayer.bisect.edit import Edit, materialize
-from replayer.bisect.oracle import Budget, Candidate, Oracle, Outcome, TrialRecord
+from replayer.bisect.oracle import Budget, Candidate, Oracle, Outcome, TrialRecord, spans
 from replayer.bisect.runner import Runner, Trial, as_runner, observed
 from replayer.bisect.search import width_of
 from replayer.monitor.signature import Signature
@@ -84,6 +84,10 @@ class _Trials:
             reached=None if sent is None else b.reached(sent),
             inflight=b.positions_of(b.source_rows(spec.trace, obs.in_flight)),
         )
+        if obs.failed_request is not None and obs.cleared is not None:
+            rec.failed_at = b.position_of_id(obs.failed_request)
+            if rec.failed_at is not None:
+                rec.cleared = spans(b.positions_of(b.source_rows(spec.trace, obs.cleared)))
         if isinstance(obs.signature, Signature):
             path = b.out / rel / "signature.json"
             if not path.exists():  # the real target writes its own
@@ -156,6 +160,7 @@ class Search:
         self.sessions = trace.column("session_id")
         self.ids = trace.column("request_id")
         self._pos_of = {r: p for p, r in enumerate(self.rows)}
+        self._pos_of_id: dict[str, int] | None = None
         self.best = Candidate(
             tuple(range(len(self.rows))), self.policy.timing.value, self.policy.speed
         )
@@ -255,6 +260,12 @@ class Search:
     def positions_of(self, rows: Sequence[int]) -> list[int]:
         """Positions of the selection's ``rows`` (others are ignored)."""
         return [self._pos_of[r] for r in rows if r in self._pos_of]
+
+    def position_of_id(self, request_id: str) -> int | None:
+        """The selection's position of a request id (None: not in it)."""
+        if self._pos_of_id is None:
+            self._pos_of_id = {self.ids[r]: p for p, r in enumerate(self.rows)}
+        return self._pos_of_id.get(request_id)
 
     def reached(self, sent: Sequence[int]) -> int | None:
         """1 + the last position among the rows ``sent`` (None: none sent)."""

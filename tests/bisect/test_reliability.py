@@ -14,7 +14,7 @@ import sys
 import orjson
 import pytest
 
-from replayer.bisect.oracle import Candidate, Outcome, TrialRecord
+from replayer.bisect.oracle import Candidate, Oracle, Outcome, TrialRecord, spans
 from replayer.bisect.pipeline import Bisect, BisectOptions, run_bisect
 from replayer.bisect.runner import FunctionRunner, Observation, Trial
 from replayer.bisect.search import Contradicted, binary_prefix
@@ -220,6 +220,93 @@ async def test_a_crash_naming_different_requests_is_not_taken_as_deterministic(t
     assert k == n >= 5  # every run crashed: the old rule called it deterministic
     assert o.scattered()  # ... but they failed at different points
     assert o.repeats() > 1
+
+
+class _Scripted:
+    """Runs of the full trace: each crashes on the request at ``at``, having
+    served ``cleared`` in full before sending it (what the real runner reads
+    from a trial's results)."""
+
+    def __init__(self, runs: list[tuple[int, list[int] | None]]) -> None:
+        self.runs = iter(runs)
+
+    async def run(self, cand: Candidate, trial: int, stage: str) -> TrialRecord:
+        at, cleared = next(self.runs)
+        return TrialRecord(
+            trial, cand.key(), len(cand.positions), stage, Outcome.MATCH,
+            failed_request=f"r{at}", failed_at=None if cleared is None else at,
+            cleared=None if cleared is None else spans(cleared),
+        )  # fmt: skip
+
+
+async def _full_runs(tmp_path, runs):
+    tmp_path.mkdir(exist_ok=True)
+    o = Oracle(_Scripted(runs), tmp_path / "journal.jsonl", deterministic_after=3)
+    for _ in runs:
+        await o.run_once(Candidate(tuple(range(20))), "calibrate")
+    return o
+
+
+async def test_a_threshold_crash_met_at_a_different_request_each_run_is_deterministic(tmp_path):
+    """Four sessions race; each run the first request over the threshold
+    (positions 10, 13, 18 qualify) to reach the server crashes it, and no
+    run served another qualifying one in full first."""
+    runs = [(10, [*range(8), 9]), (18, [*range(7), 8, 12]), (13, [*range(9), 11])]
+    o = await _full_runs(tmp_path, runs)
+    assert not o.scattered()
+    assert o.repeats() == 1
+    # the journal keeps the evidence: a resumed search decides the same
+    again = Oracle(_Scripted([]), tmp_path / "journal.jsonl", deterministic_after=3)
+    assert [r.cleared for r in again.history()] == [
+        [[0, 8], [9, 10]],
+        [[0, 7], [8, 9], [12, 13]],
+        [[0, 9], [11, 12]],
+    ]
+    assert not again.scattered() and again.repeats() == 1
+
+
+async def test_a_crash_that_spared_a_request_it_struck_on_elsewhere_is_scattered(tmp_path):
+    # the third run served position 10 in full, then crashed on 13: 10 is
+    # no deterministic trigger, whatever the first run said
+    runs = [(10, list(range(8))), (18, list(range(8))), (13, list(range(12)))]
+    o = await _full_runs(tmp_path, runs)
+    assert o.scattered()
+    assert o.repeats() > 1
+    # runs that do not say what they served (a user's runner): two names
+    # are evidence enough; one name is not
+    assert (await _full_runs(tmp_path / "a", [(10, None), (18, None), (18, None)])).scattered()
+    assert not (await _full_runs(tmp_path / "b", [(10, None)] * 3)).scattered()
+
+
+class _Unnamed:
+    """Runs of the full trace that name no failing request: each failed with
+    ``reached`` positions sent and ``inflight`` still open."""
+
+    def __init__(self, runs: list[tuple[int, list[int]]]) -> None:
+        self.runs = iter(runs)
+
+    async def run(self, cand: Candidate, trial: int, stage: str) -> TrialRecord:
+        reached, inflight = next(self.runs)
+        return TrialRecord(
+            trial, cand.key(), len(cand.positions), stage, Outcome.MATCH,
+            reached=reached, inflight=inflight,
+        )  # fmt: skip
+
+
+async def test_failure_points_count_only_where_one_request_was_in_flight(tmp_path):
+    async def runs(name, script):
+        o = Oracle(_Unnamed(script), tmp_path / f"{name}.jsonl", deterministic_after=3)
+        for _ in script:
+            await o.run_once(Candidate(tuple(range(20))), "calibrate")
+        return o
+
+    # four sessions racing: which request was sent last when the engine died
+    # moves with the load, not with where the crash struck
+    racing = await runs("racing", [(13, [9, 10, 12]), (11, [8, 10]), (12, [10, 11])])
+    assert not racing.scattered() and racing.repeats() == 1
+    # one request at a time: a failure five requests later is another strike
+    alone = await runs("alone", [(13, [12]), (18, [17]), (13, [12])])
+    assert alone.scattered() and alone.repeats() > 1
 
 
 async def test_one_trigger_among_later_chances_finds_the_exact_prefix(tmp_path):

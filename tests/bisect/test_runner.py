@@ -490,3 +490,28 @@ def test_the_failing_request_is_the_servers_or_the_only_one_in_flight():
     several = {"request_id": "r4", "request_from": "client", "inflight": ["r5"]}
     assert failing_request(several) is None
     assert failing_request(None) is None
+
+
+@pytest.mark.inprocess
+def test_the_requests_served_before_the_failing_one_was_sent(tmp_path):
+    from replayer.bisect.runner import cleared_rows
+    from replayer.replay.results import Result, ResultsWriter, Status
+
+    w = ResultsWriter(tmp_path / "results.arrow")
+    plan = [  # row, status, dispatched, done (microseconds)
+        (0, Status.OK, 0, 100),
+        (1, Status.OK, 50, 400),  # done after r3 was sent: it may have met the engine second
+        (2, Status.HTTP_ERROR, 60, 200),  # refused: it never ran
+        (3, Status.OK, 300, 350),  # the failing one
+        (4, Status.OK, 120, 250),
+        (5, Status.TRANSPORT_ERROR, 320, None),
+    ]
+    for row, status, sent, done in plan:
+        w.add(Result("t", row, f"r{row}", "s", row, status, dispatched_us=sent, done_us=done))
+    w.close()
+    named = {"request_id": "r3", "request_from": "fault", "inflight": ["r1", "r5"]}
+    assert cleared_rows(tmp_path, named) == [0, 4]
+    # no exact evidence of the failing request: nothing to compare against
+    several = {"request_id": "r3", "request_from": "client", "inflight": ["r1", "r5"]}
+    assert cleared_rows(tmp_path, several) is None
+    assert cleared_rows(tmp_path, {**named, "request_id": "r9"}) is None
