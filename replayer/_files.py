@@ -134,10 +134,12 @@ ENTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def named_entry(entry: object, where: str, what: str, keys: Sequence[str]) -> tuple[str, str]:
-    """The name of one entry of a user's list file (a ``[[variant]]`` or
-    ``[[profile]]`` table or JSON object), and ``where`` naming it for the
-    next error; anything but an object of known keys with a word for its
+def named_entry(
+    entry: object, where: str, what: str, keys: Sequence[str]
+) -> tuple[Mapping[str, Any], str, str]:
+    """One entry of a user's list file (a ``[[variant]]`` or ``[[profile]]``
+    table or JSON object) as a mapping, its name, and ``where`` naming it for
+    the next error; anything but an object of known keys with a word for its
     name is one :class:`~replayer.errors.UsageError`."""
     if not isinstance(entry, Mapping):
         raise UsageError(f"{where}: each {what} must be a table/object")
@@ -147,7 +149,7 @@ def named_entry(entry: object, where: str, what: str, keys: Sequence[str]) -> tu
     name = entry.get("name")
     if not isinstance(name, str) or not ENTRY_NAME.match(name):
         raise UsageError(f"{where}: 'name' must be a word (letters, digits, - _ . +)")
-    return name, f"{where} ({name})"
+    return entry, name, f"{where} ({name})"
 
 
 def parse_json_or_toml(path: Path, text: str) -> object:

@@ -463,18 +463,17 @@ def _env_text(value: object) -> str | None:
 
 def parse_variant(entry: object, where: str) -> Variant:
     """One ``[[variant]]`` table or JSON object."""
-    name, where = named_entry(entry, where, "variant", _KEYS)
-    assert isinstance(entry, Mapping)
-    add = _strings(entry.get("add", []), where, "add")
+    fields, name, where = named_entry(entry, where, "variant", _KEYS)
+    add = _strings(fields.get("add", []), where, "add")
     if add and not _is_flag(add[0]):
         raise UsageError(f"{where}: 'add' must start with a flag, not {add[0]!r}")
-    remove = _strings(entry.get("remove", []), where, "remove")
+    remove = _strings(fields.get("remove", []), where, "remove")
     bad = [f for f in remove if not f.startswith("-") or "=" in f]
     if bad:
         raise UsageError(
             f"{where}: 'remove' names flags (like --speculative-config), not {bad[0]!r}"
         )
-    raw_env = entry.get("env", {})
+    raw_env = fields.get("env", {})
     if not isinstance(raw_env, Mapping):
         raise UsageError(f"{where}: 'env' must be a table/object of NAME = \"value\"")
     env: dict[str, str] = {}
@@ -483,14 +482,14 @@ def parse_variant(entry: object, where: str) -> Variant:
         if not isinstance(k, str) or not ENV_NAME.match(k) or text is None:
             raise UsageError(f"{where}: 'env' entry {k!r} must be NAME = \"value\"")
         env[k] = text
-    unset = _strings(entry.get("unset_env", []), where, "unset_env")
+    unset = _strings(fields.get("unset_env", []), where, "unset_env")
     bad = [n for n in unset if not ENV_NAME.match(n)]
     if bad:
         raise UsageError(f"{where}: 'unset_env' entry {bad[0]!r} is not a variable name")
-    means = entry.get("means")
+    means = fields.get("means")
     if means is not None and not isinstance(means, str):
         raise UsageError(f"{where}: 'means' must be a string")
-    aborts = entry.get("aborts")
+    aborts = fields.get("aborts")
     if aborts is not None and aborts not in tuple(Aborts):
         raise UsageError(f"{where}: 'aborts' must be {' or '.join(repr(a.value) for a in Aborts)}")
     if not (add or remove or env or unset or aborts):

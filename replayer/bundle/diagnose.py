@@ -109,9 +109,8 @@ def default_profiles() -> list[Profile]:
 
 def parse_profile(entry: object, where: str) -> Profile:
     """One ``[[profile]]`` table or JSON object."""
-    name, where = named_entry(entry, where, "profile", _KEYS)
-    assert isinstance(entry, Mapping)
-    raw_env = entry.get("env", {})
+    fields, name, where = named_entry(entry, where, "profile", _KEYS)
+    raw_env = fields.get("env", {})
     if not isinstance(raw_env, Mapping):
         raise UsageError(f"{where}: 'env' must be a table/object of NAME = \"value\"")
     env: dict[str, str] = {}
@@ -119,14 +118,14 @@ def parse_profile(entry: object, where: str) -> Profile:
         if not isinstance(k, str) or not ENV_NAME.match(k) or not isinstance(v, str | int):
             raise UsageError(f"{where}: 'env' entry {k!r} must be NAME = \"value\"")
         env[k] = str(v)
-    prefix = entry.get("prefix", [])
+    prefix = fields.get("prefix", [])
     if not isinstance(prefix, list) or not all(isinstance(w, str) and w for w in prefix):
         raise UsageError(f"{where}: 'prefix' must be a list of non-empty strings")
-    platform = entry.get("platform", "any")
+    platform = fields.get("platform", "any")
     if platform not in PLATFORMS:
         raise UsageError(f"{where}: 'platform' must be one of {', '.join(PLATFORMS)}")
-    needs = entry.get("needs")
-    note = entry.get("note")
+    needs = fields.get("needs")
+    note = fields.get("note")
     if needs is not None and not isinstance(needs, str):
         raise UsageError(f"{where}: 'needs' must be a program name")
     if note is not None and not isinstance(note, str):

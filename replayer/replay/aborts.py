@@ -44,20 +44,16 @@ class AbortAt:
 
 
 def abort_point(meta: Mapping[str, Any] | None) -> AbortAt | None:
-    """The abort point a row's ``meta`` records, or None. ``meta.abort``
-    first; a row recorded before it existed (``meta.abandoned = "client"``)
-    falls back to its event count and its ``timing_us.done``."""
-    if not meta:
+    """The abort point a row's ``meta`` records, or None: the trace's mark
+    (:func:`~replayer.trace.export.abort_mark`, which an older recording's
+    ``meta.abandoned = "client"`` also gives), with values a replay can act
+    on (a positive event count, a time that is not negative)."""
+    from replayer.trace.export import abort_mark
+
+    mark = abort_mark(meta)
+    if mark is None:
         return None
-    raw = meta.get("abort")
-    if isinstance(raw, Mapping):
-        chunks, us = raw.get("after_chunks"), raw.get("after_us")
-    elif meta.get("abandoned") == "client":
-        timing = meta.get("timing_us")
-        chunks = meta.get("events")
-        us = timing.get("done") if isinstance(timing, Mapping) else None
-    else:
-        return None
+    chunks, us = mark.get("after_chunks"), mark.get("after_us")
     n = chunks if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > 0 else None
     t = us if isinstance(us, int) and not isinstance(us, bool) and us >= 0 else None
     if n is None and t is None:

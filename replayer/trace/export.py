@@ -30,7 +30,7 @@ carry no path: give AIPerf the endpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,23 +79,23 @@ def checked_bodies(trace: Trace, rows: Sequence[int] | None = None) -> Iterator[
         yield row, body
 
 
-def abort_mark(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+def abort_mark(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Where the recorded client left (a line's ``abort``): ``meta.abort`` as
     recorded, or an older recording's ``meta.abandoned = "client"`` mark in
-    that shape (its event count and exchange end), as the replay reads it
-    (``replayer.replay.aborts.abort_point``, which also checks the values, as
-    a bundle's ``repro.py`` does). None: the client did not leave."""
+    that shape (its event count and exchange end). The one reader of the
+    mark: the replay (``replayer.replay.aborts.abort_point``) and a bundle's
+    ``repro.py`` check its values. None: the client did not leave."""
     if not meta:
         return None
     raw = meta.get("abort")
-    if isinstance(raw, dict):
-        return raw
+    if isinstance(raw, Mapping):
+        return dict(raw)
     if meta.get("abandoned") != "client":
         return None
     timing = meta.get("timing_us")
     mark = {
         "after_chunks": meta.get("events"),
-        "after_us": timing.get("done") if isinstance(timing, dict) else None,
+        "after_us": timing.get("done") if isinstance(timing, Mapping) else None,
     }
     return {k: v for k, v in mark.items() if v is not None}
 
