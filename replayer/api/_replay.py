@@ -93,7 +93,13 @@ async def replay(
     with _metrics(metrics, live, say) as lm:
         session.live = lm
         outcome = await session.replay(run_dir, progress=progress, command=cmd)
-    return _result(outcome)
+    return _noted(_result(outcome), session)
+
+
+def _noted(result: ReplayResult, session: Session) -> ReplayResult:
+    from replayer.trace.stats import trace_notes
+
+    return replace(result, notes=trace_notes(session.trace, list(session.rows)))
 
 
 async def _replay_launched(
@@ -141,7 +147,7 @@ async def _replay_launched(
             (run_dir / "summary.json").write_bytes(
                 orjson.dumps(summary, option=orjson.OPT_INDENT_2)
             )
-    return _result(res.run, res.signature)
+    return _noted(_result(res.run, res.signature), session)
 
 
 def replay_sync(*args: Any, **kwargs: Any) -> ReplayResult:

@@ -139,6 +139,10 @@ class ReplayResult:
     unreachable: str | None = None
     summary: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """The whole ``summary.json``."""
+    notes: tuple[str, ...] = ()
+    """Plain lines to read beside the summary: requests that send synthetic
+    token ids, not text (a crash that depends on content may not have had
+    its chance)."""
 
     @property
     def failed(self) -> bool:

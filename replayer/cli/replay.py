@@ -76,26 +76,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         command=sys.argv,
     )
     print_result(result, as_json=args.json)
-    _say_synthetic(args.trace)  # once the trace read whole: a damaged one gets one line
-    return result.exit_code
-
-
-def _say_synthetic(path: Path) -> None:
-    """Say plainly when the prompts were synthetic token ids: a crash that
-    depends on content may not have had its chance."""
-    from collections import Counter
-
-    from replayer.cli.trace_cmds import synthetic_note
-    from replayer.errors import ReplayerError
-    from replayer.session import open_trace
-
-    try:
-        kinds = Counter(str(k) for k in open_trace(path).column("kind"))
-    except (ReplayerError, OSError, ValueError):
-        return  # the replay itself reports an unreadable trace
-    note = synthetic_note(dict(kinds))
-    if note:
+    for note in result.notes:
         print(f"replayer replay: {note}", file=sys.stderr)
+    return result.exit_code
 
 
 def print_result(result: Any, *, as_json: bool) -> None:

@@ -153,22 +153,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def synthetic_note(kinds: dict[str, int]) -> str | None:
-    """One plain line when prompts are synthetic token ids (kind ``blocks``,
-    random ids from hash ids): they never give the logits real text does, so a
-    content-dependent crash may not reproduce. None when there are none."""
-    blocks = kinds.get("blocks", 0)
-    if not blocks:
-        return None
-    total = sum(kinds.values())
-    return (
-        f"note: {blocks:,} of {total:,} requests send synthetic token ids (kind blocks), "
-        "not text: a crash that depends on content (the logits real text gives, e.g. in "
-        "speculative decoding) may not reproduce; to keep it, record the real prompts "
-        "(replayer record, or an importer whose source keeps the text)"
-    )
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     import orjson
 
@@ -181,6 +165,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         verify=args.verify,
         prefix_cache=args.prefix_cache,
     )
+    from replayer.trace.stats import synthetic_note
+
     note = synthetic_note(info.get("kinds") or {})
     if note:
         info["synthetic_prompts"] = note

@@ -16,6 +16,30 @@ from typing import Any
 from replayer.trace.reader import Trace
 
 
+def synthetic_note(kinds: dict[str, int]) -> str | None:
+    """One plain line when prompts are synthetic token ids (kind ``blocks``,
+    random ids from hash ids): they never give the logits real text does, so a
+    content-dependent crash may not reproduce. None when there are none."""
+    blocks = kinds.get("blocks", 0)
+    if not blocks:
+        return None
+    total = sum(kinds.values())
+    return (
+        f"note: {blocks:,} of {total:,} requests send synthetic token ids (kind blocks), "
+        "not text: a crash that depends on content (the logits real text gives, e.g. in "
+        "speculative decoding) may not reproduce; to keep it, record the real prompts "
+        "(replayer record, or an importer whose source keeps the text)"
+    )
+
+
+def trace_notes(trace: Trace, rows: Sequence[int] | None = None) -> tuple[str, ...]:
+    """Plain lines a replay of ``rows`` (default all) says beside its summary."""
+    kinds = trace.column("kind")
+    got = Counter(str(kinds[r]) for r in (rows if rows is not None else range(len(kinds))))
+    note = synthetic_note(dict(got))
+    return (note,) if note else ()
+
+
 def percentile(sorted_values: Sequence[int | float], p: float) -> int | float | None:
     """Nearest-rank percentile of an ascending sequence (None when empty)."""
     if not sorted_values:

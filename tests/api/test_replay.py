@@ -3,6 +3,7 @@ errors worded in parameters (the CLI says them in flags)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import sys
@@ -24,6 +25,7 @@ from replayer.testing.emulator import EmulatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "agents-8x10.arrow"
+MODEL = "moonshotai/Kimi-K3"  # what the emulator serves by default
 
 
 def _free_port() -> int:
@@ -54,6 +56,29 @@ async def test_replay_returns_typed_results_per_endpoint(tmp_path):
         assert (ep.requests, ep.sent, dict(ep.status_counts)) == (20, 20, {"ok": 20})
         assert ep.exercised and not ep.failed and ep.url == emu.url
     assert res.paths.results.exists() and res.paths.summary.exists()
+    assert res.notes == ()  # text prompts: nothing to say
+
+
+async def test_a_replay_of_synthetic_token_ids_says_so_and_the_cli_prints_it(tmp_path, capsys):
+    from replayer.cli import main
+    from replayer.trace.stats import synthetic_note
+    from replayer.trace.synth import SynthOptions, write_trace
+
+    trace = tmp_path / "b.arrow"
+    opts = SynthOptions(
+        sessions=2, turns=2, context=1_000, max_tokens=4, payload="blocks", seed=1, model=MODEL
+    )
+    write_trace(trace, opts)
+    async with EmulatorProcess(["--speed", "instant"]) as emu:
+        res = await api.replay(trace, emu.url, out=tmp_path / "run", selection=Selection(limit=3))
+        assert res.status is RunStatus.SURVIVED
+        assert res.notes == (synthetic_note({"blocks": 3}),)  # the replay's selection
+        code = await asyncio.to_thread(
+            main, ["replay", str(trace), "--target", emu.url, "--out", str(tmp_path / "cli")]
+        )
+    assert code == 0
+    err = capsys.readouterr().err
+    assert err.endswith("replayer replay: " + synthetic_note({"blocks": 4}) + "\n"), err
 
 
 @pytest.mark.inprocess

@@ -202,9 +202,9 @@ async def test_summary_equals_the_servers_metrics_deltas(emulator_factory, tmp_p
 
 
 @pytest.mark.inprocess
-def test_inspect_and_replay_say_when_prompts_are_synthetic_token_ids(tmp_path, capsys):
-    from replayer.cli.replay import _say_synthetic
-    from replayer.cli.trace_cmds import synthetic_note
+def test_inspect_and_replay_say_when_prompts_are_synthetic_token_ids(tmp_path):
+    from replayer.trace import Trace
+    from replayer.trace.stats import synthetic_note, trace_notes
 
     assert synthetic_note({"chat": 5}) is None
     note = synthetic_note({"chat": 1, "blocks": 3})
@@ -220,10 +220,10 @@ def test_inspect_and_replay_say_when_prompts_are_synthetic_token_ids(tmp_path, c
             sessions=1, turns=2, context=2_000, max_tokens=4, model=MODEL, seed=1, payload="blocks"
         ),
     )
-    _say_synthetic(p)
-    assert capsys.readouterr().err == "replayer replay: " + synthetic_note({"blocks": 2}) + "\n"
-    _say_synthetic(tmp_path / "missing.arrow")  # the replay reports that itself
-    assert capsys.readouterr().err == ""
+    t = Trace.open(p)
+    assert trace_notes(t) == (synthetic_note({"blocks": 2}),)
+    assert trace_notes(t, [1]) == (synthetic_note({"blocks": 1}),)  # the replay's selection
+    assert trace_notes(t, []) == ()
 
 
 # -- per request (vLLM --per-request-spec-decode-metrics summary) -------------------------
