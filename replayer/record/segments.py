@@ -145,6 +145,8 @@ def merge(paths: Sequence[Path], out: Path) -> MergeResult:
     tracker = SessionTracker()
     pending: list[tuple[int, int, str, Any, bool]] = []
     used: set[str] = set()
+    ids: dict[tuple[int, str], str] = {}
+    """(segment, recorded id) -> merged id: a join names its own segment's ids."""
     renamed = relinked = n = 0
     sessions: set[str] = set()
     with TraceWriter(
@@ -155,7 +157,7 @@ def merge(paths: Sequence[Path], out: Path) -> MergeResult:
             c = t.column
             kind = Kind(c("kind")[r.row])
             old_id = c("request_id")[r.row]
-            rid = _unique(old_id, r.seg, used)
+            rid = ids[(r.seg, old_id)] = _unique(old_id, r.seg, used)
             renamed += rid != old_id
             while pending and pending[0][0] <= r.at:
                 _, _, done_id, reply, ok = heapq.heappop(pending)
@@ -188,10 +190,14 @@ def merge(paths: Sequence[Path], out: Path) -> MergeResult:
                 meta["original_request_id"] = old_id
             meta["segment"] = r.seg
             sessions.add(a.session_id)
+            rec = t.record(r.row, content=r.content)
             w.add(
                 replace(
-                    t.record(r.row, content=r.content),
+                    rec,
                     request_id=rid,
+                    after=None
+                    if rec.after is None
+                    else [ids.get((r.seg, x), x) for x in rec.after],
                     session_id=a.session_id,
                     turn=a.turn,
                     start_us=r.at,

@@ -99,6 +99,27 @@ def test_merge_orders_renames_and_relinks(tmp_path):
     assert t2.column("request_id") == c("request_id")
 
 
+def test_a_join_follows_the_request_it_names_when_merge_renames_it(tmp_path):
+    """Both segments hold an ``r``; the second segment's ``r`` becomes
+    ``r~s1``, and its ``j`` that joins on it joins on ``r~s1``, not on the
+    first segment's ``r``."""
+    paths = [tmp_path / "x.arrow", tmp_path / "y.arrow"]
+    for k, p in enumerate(paths):
+        with TraceWriter(p, TraceMeta(source="record", details={"t0_unix_us": k * 1000})) as w:
+            for rid, start, after in (("r", 5, None), ("j", 50, ["r"])):
+                w.add(
+                    RequestRecord.from_body(
+                        {"prompt": "p"}, request_id=rid, session_id=f"s{k}{rid}", turn=0,
+                        start_us=start, end_us=start + 10, after=after,
+                    )
+                )  # fmt: skip
+    out = tmp_path / "m.arrow"
+    merge(paths, out)
+    t = Trace.open(out)
+    assert t.column("request_id") == ["r", "j", "r~s1", "j~s1"]
+    assert t.column("after") == [None, ["r"], None, ["r~s1"]]
+
+
 def test_traces_without_a_clock_are_placed_one_after_another(tmp_path):
     p1, p2 = tmp_path / "x.arrow", tmp_path / "y.arrow"
     for p in (p1, p2):
