@@ -514,36 +514,75 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             slots.release()
 
-    for i, row in enumerate(rows):
-        if stop_on_failure and any(r.failed for r in results[:i]):
-            break  # the server failed: what follows is not sent
+    def ready(i: int, row: dict[str, Any]) -> bool:
+        """Wait until request i may go; False: it is not sent (the server
+        failed, or it is over the context length)."""
+        if stop_on_failure and any(r.failed for r in results):
+            return False  # the server failed: what follows is not sent
         if limit is not None and (row.get("input_tokens") or 0) >= limit:
             results[i].status = "skipped (over the context length)"
-            results[i].done.set()
-            results[i].sent.set()
-            results[i].answered.set()
-            continue
+            return False
         # its previous turn and its joins end (completed, failed, aborted or
         # skipped), each within its own request timeout
         step = steps[i]
         for w in step.waits:
             results[w].done.wait(wait + 5)
+        if stop_on_failure and any(r.failed for r in results):
+            return False
         ended = [results[w].done_at for w in step.waits if results[w].sent_at is not None]
         at = step.due(timing, max(ended, default=None))
         delay = t0 + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        slots.acquire()
-        th = threading.Thread(target=run, args=(i, row), daemon=True)
-        th.start()
-        threads.append(th)
-        # strict order: on the wire before the next; admitted: taken by the engine
-        if order == "admitted":
-            results[i].answered.wait(wait)
-        elif order == "strict":
-            results[i].sent.wait(wait)
-    for th in threads:
-        th.join(wait + 5)
+        return True
+
+    def settle(i: int) -> None:
+        """Request i is not sent: what waits for it goes on."""
+        for ev in (results[i].done, results[i].sent, results[i].answered):
+            ev.set()
+
+    if order == "session":
+        # per session only: each session's turns in order on a thread of its
+        # own, so a turn that waits (its previous turn, a join, its think
+        # gap) holds up no other session
+        by_session: dict[str, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_session.setdefault(row["session_id"], []).append(i)
+
+        def walk(idxs: list[int]) -> None:
+            for i in idxs:
+                if not ready(i, rows[i]):
+                    settle(i)
+                    continue
+                slots.acquire()
+                run(i, rows[i])
+
+        threads = [
+            threading.Thread(target=walk, args=(ix,), daemon=True) for ix in by_session.values()
+        ]
+        for th in threads:
+            th.start()
+        deadline = time.monotonic() + (wait + 5) * (len(rows) + 1)
+        for th in threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+    else:
+        for i, row in enumerate(rows):
+            if not ready(i, row):
+                settle(i)
+                if results[i].status == "not sent":
+                    break  # the server failed: what follows is not sent
+                continue
+            slots.acquire()
+            th = threading.Thread(target=run, args=(i, row), daemon=True)
+            th.start()
+            threads.append(th)
+            # strict order: on the wire before the next; admitted: taken by the engine
+            if order == "admitted":
+                results[i].answered.wait(wait)
+            elif order == "strict":
+                results[i].sent.wait(wait)
+        for th in threads:
+            th.join(wait + 5)
     failed = [r for r in results if r.failed]
     for r in results:
         print(f"  {r.rid:40s} {r.status}" + (f": {r.detail}" if r.detail else ""))

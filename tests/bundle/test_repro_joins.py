@@ -3,7 +3,8 @@ only once its previous turn and every request its line's ``after`` names
 have ended (server-side: the parent's turn that carries a sub-agent's
 result reaches the emulator after the sub-agent's last turn ended, with
 nothing running or waiting), in every order and timing; a join on a
-request not in the bundle is dropped, no wait and no error. Its reading of
+request not in the bundle is dropped, no wait and no error; under
+``session`` order a turn that waits holds up no other session. Its reading of
 the exported ``after`` (``replayer.trace.export``) is the replay's plan
 (``replayer.replay.plan.build_plan``): the same waits, starts and gaps."""
 
@@ -114,8 +115,8 @@ def test_a_line_without_after_waits_for_its_previous_turn_only():
     assert steps[2].gap == pytest.approx(0.015)
 
 
-def _bundle(tmp_path: Path, **policy: str) -> Path:
-    trace = make_trace(tmp_path / "t.arrow", AGENT)
+def _bundle(tmp_path: Path, rows: list[tuple[Any, ...]] = AGENT, **policy: str) -> Path:
+    trace = make_trace(tmp_path / "t.arrow", rows)
     return write_bundle(
         tmp_path / "bundle",
         trace=trace,
@@ -192,3 +193,47 @@ def test_a_join_on_a_request_not_in_the_bundle_is_dropped(tmp_path, emulator_fac
     log = _arrivals(emu)
     assert sorted(log, key=lambda r: log[r]["seq"]) == ["p0", "a0", "a1", "p1"]
     assert log["p1"]["t"] < log["a1"]["t"] + A1_MIN_S
+
+
+# x0 decodes 20 tokens (at least 1.9 s); x1 waits for it; y0, a session of
+# its own, comes after both in trace order (asap timing: it may go at once)
+HELD = [
+    ("x0", "X", 0, 0, 2_000, None, 20),
+    ("x1", "X", 1, 2_010, 2_020, None, 2),
+    ("y0", "Y", 0, 2_015, 2_030, None, 2),
+]
+X0_MIN_S = 1.9
+
+
+@pytest.mark.parametrize("order", ["session", "strict"])
+def test_session_order_holds_up_no_other_session(tmp_path, emulator_factory, order):
+    """Under ``session`` order, x1 waiting for x0 to end does not hold up
+    y0: it reaches the server while x0 still runs. ``strict`` order sends
+    the file in order: y0 goes once x1 is on the wire, after x0 ended."""
+    b = _bundle(tmp_path, HELD, order=order, timing="asap")
+    emu = emulator_factory(EMU)
+    res = _repro(b, emu.url)
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = _arrivals(emu)
+    assert log["x0"]["seq"] < log["x1"]["seq"]
+    assert log["x1"]["t"] >= log["x0"]["t"] + X0_MIN_S
+    if order == "session":
+        assert log["y0"]["t"] < log["x0"]["t"] + X0_MIN_S  # before or beside x0, never after
+    else:
+        assert log["y0"]["t"] >= log["x0"]["t"] + X0_MIN_S
+
+
+def test_session_order_sends_nothing_more_once_the_server_failed(tmp_path, emulator_factory):
+    """The first request to arrive kills the engine while x0 decodes: x1,
+    which waits for x0, is not sent, and the script ends (no thread left
+    waiting)."""
+    b = _bundle(tmp_path, HELD, order="session", timing="asap")
+    emu = emulator_factory([*EMU, "--fault", "dead when request=1"])
+    res = _repro(b, emu.url)
+    assert res.returncode == 1, res.stdout + res.stderr
+    status = {
+        ln.split()[0]: ln.split(None, 1)[1] for ln in res.stdout.splitlines() if ln.startswith("  ")
+    }
+    assert status["x1"] == "not sent"
+    assert "1 request(s) not sent" in res.stdout
+    assert "x1" not in _arrivals(emu)
