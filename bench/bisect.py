@@ -13,6 +13,9 @@ subprocesses with planted faults whose ground truth the emulator defines.
    trials it took.
 3. The same flaky model with the fake runner (no server), 200 seeds, to show
    the statistics alone.
+4. **Racing** (``--cases racing``): a deterministic threshold crash that six
+   requests meet, in sessions racing at asap, so the request that gets there
+   first moves from run to run; trials of the whole pipeline over 10 bisects.
 
 Run: ``python -m bench bisect`` (``-- --quick``: 5 flaky runs instead of 20).
 """
@@ -199,6 +202,57 @@ def flaky(tmp: Path, runs: int, fault: str = ONE_TRIGGER, exact_at: int = 40) ->
         "prefixes": found,
         "trials_mean": round(statistics.mean(trials), 1),
         "trials_max": max(trials),
+    }
+
+
+RACING = "exit after=0.2 when cached_tokens>=5000 and prompt_tokens>=7000"
+"""A threshold crash: any turn over 7,000 prompt tokens with a 5,000-token
+cache hit kills the engine: six such turns, in four of six sessions racing at asap,
+so which one gets there first moves from run to run."""
+
+
+def racing(tmp: Path, runs: int) -> dict[str, Any]:
+    """A deterministic crash met at a different request on different runs:
+    the whole pipeline (calibrate, cut, prefix, sessions, turns), how many
+    trials, which result."""
+    from replayer.bisect.pipeline import BisectOptions
+    from replayer.trace.synth import SynthOptions, write_trace
+
+    trace_path = tmp / "racing.arrow"
+    write_trace(
+        trace_path,
+        SynthOptions(
+            sessions=6, turns=5, context=8_000, rate=50.0, think=0.0, max_tokens=4,
+            model=MODEL, seed=3,
+        ),
+    )  # fmt: skip
+    trials, sizes, named = [], [], []
+    for k in range(runs):
+        launch = shlex.join(
+            [sys.executable, "-m", "replayer.emulator", "--port", str(_port()), "--speed",
+             "instant", "--fault", RACING]
+        )  # fmt: skip
+        opts = BisectOptions(
+            stages=("calibrate", "cut", "prefix", "sessions", "turns"),
+            calibrate_matches=2, calibrate_runs=4, confirm=1,
+        )  # fmt: skip
+        b, res, _, _ = asyncio.run(_bisect(trace_path, tmp / f"racing-{k}", launch, opts, "asap"))
+        hist = b.oracle.history()
+        trials.append(len(hist))
+        sizes.append(len(res.best.positions))
+        named.append(len({r.failed_request for r in hist if r.failed_request}))
+        print(
+            f"  racing run {k + 1}/{runs}: {sizes[-1]} requests in {trials[-1]} trials",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {
+        "runs": runs,
+        "sizes": sizes,
+        "trials": trials,
+        "trials_mean": round(statistics.mean(trials), 1),
+        "trials_max": max(trials),
+        "failing_requests_named": named,
     }
 
 
@@ -458,9 +512,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
         "--cases",
-        default="deterministic,flaky1,flaky5,chances,simulated,triggers,chances_sim,shrink",
-        help="comma-separated: deterministic, flaky1, flaky5, chances, simulated, triggers, "
-        "chances_sim, shrink",
+        default="deterministic,flaky1,flaky5,chances,racing,simulated,triggers,chances_sim,shrink",
+        help="comma-separated: deterministic, flaky1, flaky5, chances, racing, simulated, "
+        "triggers, chances_sim, shrink",
     )
     opts = ap.parse_args(argv)
     cases = set(opts.cases.split(","))
@@ -499,6 +553,14 @@ def main(argv: list[str]) -> dict[str, Any]:
             )
             print(f"| prefixes found | {fl['prefixes']} |")
             print(f"| trials per bisect | mean {fl['trials_mean']}, max {fl['trials_max']} |")
+    if "racing" in cases:
+        with tempfile.TemporaryDirectory(prefix="replayer-bench-racing-") as d:
+            rc = out["racing"] = racing(Path(d), 10)
+        print("\n| threshold crash met by racing sessions, whole pipeline, 10 bisects | value |")
+        print("|---|---|")
+        print(f"| result sizes | {rc['sizes']} |")
+        print(f"| trials per bisect | mean {rc['trials_mean']}, max {rc['trials_max']} |")
+        print(f"| different failing requests named per bisect | {rc['failing_requests_named']} |")
     for case, fn, title in (
         ("simulated", simulated, "prefix search, fake runner, n = 1,000, one culprit, 100 seeds"),
         ("triggers", simulated_triggers, "prefix stage, fake runner, k triggers at p, 100 seeds"),
